@@ -1,0 +1,322 @@
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from qemu_q._opspec import (
+    NEWEST_OPSET,
+    OP_VERSIONS,
+    FormalParameter,
+    OpSpec,
+    first_version_allowing,
+    first_version_with_attribute,
+    get_spec,
+)
+
+PAIRS = [(op, version) for op, versions in OP_VERSIONS.items() for version in versions]
+OPS = sorted(OP_VERSIONS)
+
+
+@pytest.fixture
+def defs():
+    return pytest.importorskip("onnx.defs", reason="onnx is needed to compare with its schemas")
+
+
+def onnx_attributes(schema):
+    result = {}
+    for name, attr in schema.attributes.items():
+        default = attr.default_value
+        # an AttributeProto with no type set means the schema gives no default
+        if default.type == 0:
+            result[name] = None
+        else:
+            assert default.type == default.INT, f"{schema.name}.{name} is not an int attribute"
+            result[name] = default.i
+    return result
+
+
+def test_table_has_the_seventeen_pairs():
+    assert OP_VERSIONS == {
+        "QuantizeLinear": (10, 13, 19, 21, 23, 24, 25, 28),
+        "DequantizeLinear": (10, 13, 19, 21, 23, 24, 25, 28),
+        "DynamicQuantizeLinear": (11,),
+    }
+    assert len(PAIRS) == 17
+    assert NEWEST_OPSET == 28
+
+
+def test_table_lists_every_onnx_version(defs):
+    found = {op: set() for op in OPS}
+    for schema in defs.get_all_schemas_with_history():
+        if schema.domain == "" and schema.name in found and schema.since_version <= NEWEST_OPSET:
+            found[schema.name].add(schema.since_version)
+    assert {op: tuple(sorted(v)) for op, v in found.items()} == dict(OP_VERSIONS)
+
+
+@pytest.mark.parametrize("op_type, version", PAIRS)
+def test_spec_matches_onnx_schema(defs, op_type, version):
+    schema = defs.get_schema(op_type, version)
+    assert schema.since_version == version
+    spec = get_spec(op_type, version)
+    assert spec.op_type == op_type
+    assert spec.since_version == version
+
+    def params(formal_parameters):
+        return [
+            (p.name, p.type_str, p.option == defs.OpSchema.FormalParameterOption.Optional)
+            for p in formal_parameters
+        ]
+
+    assert [(p.name, p.type_param, p.optional) for p in spec.inputs] == params(schema.inputs)
+    assert [(p.name, p.type_param, p.optional) for p in spec.outputs] == params(schema.outputs)
+    assert dict(spec.attributes) == onnx_attributes(schema)
+    assert dict(spec.type_constraints) == {
+        c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints
+    }
+
+
+@pytest.mark.parametrize("op_type", OPS)
+@pytest.mark.parametrize("opset", range(1, NEWEST_OPSET + 1))
+def test_opset_resolves_like_onnx(defs, op_type, opset):
+    try:
+        expected = defs.get_schema(op_type, opset).since_version
+    except defs.SchemaError:
+        with pytest.raises(ValueError, match="is older than all of them"):
+            get_spec(op_type, opset)
+    else:
+        assert get_spec(op_type, opset).since_version == expected
+
+
+@pytest.mark.parametrize("op_type", OPS)
+@pytest.mark.parametrize("param", ["inputs", "outputs"])
+def test_first_version_allowing_matches_onnx(defs, op_type, param):
+    versions = OP_VERSIONS[op_type]
+    schemas = [defs.get_schema(op_type, v) for v in versions]
+    all_types = {t for s in schemas for c in s.type_constraints for t in c.allowed_type_strs}
+    all_types |= {"tensor(float)", "tensor(double)", "tensor(string)"}
+    for name in {p.name for s in schemas for p in getattr(s, param)}:
+        for type_str in sorted(all_types):
+            expected = None
+            for schema in schemas:
+                formal = next(p for p in getattr(schema, param) if p.name == name)
+                constraint = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+                allowed = constraint.get(formal.type_str, [formal.type_str])
+                if type_str in allowed:
+                    expected = schema.since_version
+                    break
+            assert first_version_allowing(op_type, name, type_str) == expected, (name, type_str)
+
+
+@pytest.mark.parametrize("op_type", OPS)
+def test_first_version_with_attribute_matches_onnx(defs, op_type):
+    schemas = [defs.get_schema(op_type, v) for v in OP_VERSIONS[op_type]]
+    names = {a for s in schemas for a in s.attributes} | {"no_such_attribute"}
+    for name in names:
+        expected = next((s.since_version for s in schemas if name in s.attributes), None)
+        assert first_version_with_attribute(op_type, name) == expected, name
+
+
+def test_core_imports_without_onnx():
+    code = "import sys, qemu_q._opspec; assert 'onnx' not in sys.modules, 'onnx was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("opset", [None, NEWEST_OPSET])
+def test_newest_is_the_default(opset):
+    assert get_spec("QuantizeLinear", opset).since_version == 28
+    assert get_spec("DequantizeLinear", opset).since_version == 28
+    assert get_spec("DynamicQuantizeLinear", opset).since_version == 11
+
+
+@pytest.mark.parametrize("op_type", [1, None, b"QuantizeLinear"])
+def test_op_type_must_be_str(op_type):
+    with pytest.raises(TypeError, match="op_type must be a str"):
+        get_spec(op_type)
+
+
+@pytest.mark.parametrize("opset", [True, False, 13.0, "13"])
+def test_opset_must_be_int(opset):
+    with pytest.raises(TypeError, match="opset must be an int or None, got"):
+        get_spec("QuantizeLinear", opset)
+
+
+def test_unknown_op_names_the_known_ops():
+    with pytest.raises(ValueError) as info:
+        get_spec("quantizelinear", 13)
+    message = str(info.value)
+    assert "'quantizelinear'" in message
+    for op in OPS:
+        assert op in message
+
+
+def test_opset_older_than_first_version():
+    with pytest.raises(ValueError) as info:
+        get_spec("QuantizeLinear", 9)
+    assert str(info.value) == (
+        "QuantizeLinear has versions 10, 13, 19, 21, 23, 24, 25, 28; "
+        "opset 9 is older than all of them"
+    )
+    with pytest.raises(ValueError, match=r"DynamicQuantizeLinear has versions 11; opset 10 "):
+        get_spec("DynamicQuantizeLinear", 10)
+
+
+@pytest.mark.parametrize("opset", [0, -1])
+def test_opset_below_one(opset):
+    with pytest.raises(ValueError, match=rf"versions 10, .*, 28; opset {opset} is not an opset"):
+        get_spec("DequantizeLinear", opset)
+
+
+def test_opset_above_newest():
+    with pytest.raises(ValueError, match=r"opset 29 is newer than the newest .* \(28\)"):
+        get_spec("DequantizeLinear", 29)
+
+
+@pytest.mark.parametrize(
+    "op_type, version, granularities, division, multiplication, output_rule, saturates",
+    [
+        ("QuantizeLinear", 10, {"per_tensor"}, "float32", None, "zero_point_or_uint8", False),
+        ("QuantizeLinear", 13, {"per_tensor", "per_axis"}, "float32", None,
+         "zero_point_or_uint8", False),
+        ("QuantizeLinear", 19, {"per_tensor", "per_axis"}, "scale", None,
+         "zero_point_or_uint8", True),
+        ("QuantizeLinear", 21, {"per_tensor", "per_axis", "blocked"}, "scale", None,
+         "output_dtype_or_zero_point_or_uint8", True),
+        ("QuantizeLinear", 23, {"per_tensor", "per_axis", "blocked"}, "precision_or_scale", None,
+         "output_dtype_or_zero_point_or_uint8", True),
+        ("QuantizeLinear", 28, {"per_tensor", "per_axis", "blocked"}, "precision_or_scale", None,
+         "output_dtype_or_zero_point_or_uint8", True),
+        ("DequantizeLinear", 10, {"per_tensor"}, None, "float32", "float32", False),
+        ("DequantizeLinear", 13, {"per_tensor", "per_axis"}, None, "float32", "float32", False),
+        ("DequantizeLinear", 19, {"per_tensor", "per_axis"}, None, "scale", "scale", False),
+        ("DequantizeLinear", 21, {"per_tensor", "per_axis", "blocked"}, None, "scale", "scale",
+         False),
+        ("DequantizeLinear", 24, {"per_tensor", "per_axis", "blocked"}, None,
+         "output_dtype_or_scale", "output_dtype_or_scale", False),
+        ("DynamicQuantizeLinear", 11, {"per_tensor"}, None, None, "uint8", False),
+    ],
+)
+def test_semantic_fields(
+    op_type, version, granularities, division, multiplication, output_rule, saturates
+):
+    spec = get_spec(op_type, version)
+    assert spec.granularities == granularities
+    assert spec.division_precision == division
+    assert spec.multiplication_precision == multiplication
+    assert spec.output_type_rule == output_rule
+    float8 = {
+        "tensor(float8e4m3fn)",
+        "tensor(float8e4m3fnuz)",
+        "tensor(float8e5m2)",
+        "tensor(float8e5m2fnuz)",
+    }
+    assert spec.saturate_types == (float8 if saturates else set())
+    # saturate is meaningful exactly when the attribute exists
+    assert bool(spec.saturate_types) == ("saturate" in spec.attributes)
+
+
+@pytest.mark.parametrize("op_type, version", PAIRS)
+def test_granularities_follow_attributes(op_type, version):
+    spec = get_spec(op_type, version)
+    assert ("per_axis" in spec.granularities) == ("axis" in spec.attributes)
+    assert ("blocked" in spec.granularities) == ("block_size" in spec.attributes)
+    assert "per_tensor" in spec.granularities
+
+
+def test_allowed_types_resolves_type_params():
+    ql21 = get_spec("QuantizeLinear", 21)
+    t1 = {"tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(int32)"}
+    assert ql21.allowed_types("x") == t1
+    assert ql21.allowed_types("y_scale") == t1
+    assert ql21.allowed_types("y") == ql21.allowed_types("y_zero_point")
+    assert "tensor(int4)" in ql21.allowed_types("y")
+    assert get_spec("QuantizeLinear", 10).allowed_types("y_scale") == {"tensor(float)"}
+    assert get_spec("DequantizeLinear", 13).allowed_types("y") == {"tensor(float)"}
+    dynamic = get_spec("DynamicQuantizeLinear")
+    assert dynamic.allowed_types("y_scale") == {"tensor(float)"}
+    assert dynamic.allowed_types("y_zero_point") == {"tensor(uint8)"}
+    with pytest.raises(ValueError, match=r"no input or output named 'scale'.*x, y_scale"):
+        ql21.allowed_types("scale")
+
+
+def test_input_index():
+    spec = get_spec("DequantizeLinear", 21)
+    assert [spec.input_index(n) for n in ("x", "x_scale", "x_zero_point")] == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"no input named 'y'; its inputs are x, x_scale"):
+        spec.input_index("y")
+
+
+@pytest.mark.parametrize(
+    "op_type, name, type_str, expected",
+    [
+        ("QuantizeLinear", "y", "tensor(int8)", 10),
+        ("QuantizeLinear", "y", "tensor(float8e4m3fn)", 19),
+        ("QuantizeLinear", "y", "tensor(int4)", 21),
+        ("QuantizeLinear", "y", "tensor(float4e2m1)", 23),
+        ("QuantizeLinear", "y", "tensor(int2)", 25),
+        ("QuantizeLinear", "y", "tensor(float6e2m3)", 28),
+        ("QuantizeLinear", "y", "tensor(int32)", None),
+        ("QuantizeLinear", "x", "tensor(float16)", 19),
+        ("QuantizeLinear", "y_scale", "tensor(float8e8m0)", 24),
+        ("DequantizeLinear", "x", "tensor(int32)", 10),
+        ("DequantizeLinear", "x_scale", "tensor(float8e8m0)", 24),
+        ("DequantizeLinear", "y", "tensor(bfloat16)", 19),
+        ("DequantizeLinear", "y", "tensor(double)", None),
+        ("DynamicQuantizeLinear", "y", "tensor(uint8)", 11),
+        ("DynamicQuantizeLinear", "y", "tensor(int8)", None),
+    ],
+)
+def test_first_version_allowing(op_type, name, type_str, expected):
+    assert first_version_allowing(op_type, name, type_str) == expected
+
+
+def test_first_version_allowing_errors():
+    with pytest.raises(ValueError, match=r"no input or output named 'scale'"):
+        first_version_allowing("QuantizeLinear", "scale", "tensor(float)")
+    with pytest.raises(ValueError, match="unknown op 'Quantize'"):
+        first_version_allowing("Quantize", "y", "tensor(int8)")
+
+
+@pytest.mark.parametrize(
+    "op_type, attr, expected",
+    [
+        ("QuantizeLinear", "axis", 13),
+        ("QuantizeLinear", "saturate", 19),
+        ("QuantizeLinear", "block_size", 21),
+        ("QuantizeLinear", "output_dtype", 21),
+        ("QuantizeLinear", "precision", 23),
+        ("DequantizeLinear", "output_dtype", 23),
+        ("DequantizeLinear", "saturate", None),
+        ("DynamicQuantizeLinear", "axis", None),
+    ],
+)
+def test_first_version_with_attribute(op_type, attr, expected):
+    assert first_version_with_attribute(op_type, attr) == expected
+
+
+def test_specs_are_read_only_and_hashable():
+    spec = get_spec("QuantizeLinear", 21)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.since_version = 22
+    with pytest.raises(TypeError):
+        spec.attributes["axis"] = 0
+    with pytest.raises(TypeError):
+        spec.type_constraints["T3"] = frozenset()
+    assert isinstance(spec, OpSpec)
+    assert all(isinstance(p, FormalParameter) for p in spec.inputs + spec.outputs)
+    assert {spec, get_spec("QuantizeLinear", 22)} == {spec}
+
+
+@pytest.mark.parametrize("op_type, version", PAIRS)
+def test_describe_mentions_every_field(op_type, version):
+    spec = get_spec(op_type, version)
+    text = spec.describe()
+    assert text.splitlines()[0] == f"{op_type}, since opset {version}"
+    for param in spec.inputs + spec.outputs:
+        assert f"{param.name}: {param.type_param}" in text
+    for name in spec.attributes:
+        assert name in text
+    for allowed in spec.type_constraints.values():
+        for type_str in allowed:
+            assert type_str in text
+    assert spec.output_type_rule in text
