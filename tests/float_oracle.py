@@ -1,0 +1,388 @@
+"""Exact oracle for the small float formats, written from the format definitions.
+
+Nothing here uses ml_dtypes' conversions or onnx.reference: values are Fractions and the
+rounding is done on integers. ml_dtypes is only used by the tests to *build arrays* of the
+formats (``.view`` of uint8 codes).
+
+Conversion rules (the project's decisions, see docs/semantics.md):
+
+* ``[x]`` is x rounded to nearest, ties to even, on the format's mantissa width with an
+  unbounded exponent range (subnormals below the smallest normal); overflow is decided on
+  ``[x]``, not on x. Example: e4m3fn 464 -> 448 (tie to even), anything above 464 overflows.
+* saturate: overflow and +-inf give +-max finite, FNUZ formats included (Cast-28).
+  Without saturate: e4m3fn, e4m3fnuz, e5m2fnuz give NaN; e5m2 gives +-inf (0x7C / 0xFC).
+* A NaN result is the canonical NaN: 0x7F for e4m3fn and e5m2 whatever the input's sign,
+  0x80 for the FNUZ formats.
+* FNUZ formats have no -0: -0 and negative values that round to zero give 0x00. The other
+  formats keep the sign of zero (-tiny -> 0x80).
+* float4_e2m1fn, float6_e2m3fn, float6_e3m2fn have no inf/NaN codes: overflow and +-inf give
+  +-max whatever saturate says; NaN gives +max (0x7 / 0x1F), as in the ONNX float4 note.
+* Decoding: NaN codes decode to NaN keeping the code's sign bit.
+
+Two encoders are provided: ``encode`` (scalar, Fraction arithmetic, straight from the
+definition) and ``encode_array`` (vectorized over a numpy array through the sorted table of
+representable values and midpoints, every entry checked to be exact in float64). The tests
+use ``encode_array`` for speed and cross-check it against ``encode``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+__all__ = [
+    "FloatFormat",
+    "FORMATS",
+    "QUANT_FORMATS",
+    "E8M0",
+    "ONNX_NAME",
+    "MIN_OPSET",
+    "decode",
+    "decode_float",
+    "sign_bit",
+    "encode",
+    "encode_array",
+    "finite_codes",
+    "positive_values",
+    "midpoints",
+    "nan_code",
+]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    name: str  # ml_dtypes attribute name
+    exp_bits: int
+    man_bits: int
+    bias: int
+    # "ieee": all-ones exponent is inf (mantissa 0) or NaN; "fn": only the all-ones
+    # exponent+mantissa pattern is NaN; "fnuz": 0x80 (the negative zero pattern) is the only
+    # NaN; "none": no NaN, no inf; "e8m0": unsigned power of two, all ones is NaN.
+    kind: str
+    has_sign: bool = True
+    n_bits: int = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(
+            self, "n_bits", int(self.has_sign) + self.exp_bits + self.man_bits
+        )
+
+    @property
+    def n_codes(self) -> int:
+        return 1 << self.n_bits
+
+    @property
+    def sign_mask(self) -> int:
+        return (1 << (self.n_bits - 1)) if self.has_sign else 0
+
+    @property
+    def has_inf(self) -> bool:
+        return self.kind == "ieee"
+
+    @property
+    def has_nan(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def has_negative_zero(self) -> bool:
+        return self.has_sign and self.kind != "fnuz"
+
+    @property
+    def min_normal_exp(self) -> int:
+        return 1 - self.bias
+
+    @property
+    def subnormal_quantum(self) -> Fraction:
+        """Spacing of the subnormals (= the smallest positive value)."""
+        return Fraction(2) ** (self.min_normal_exp - self.man_bits)
+
+    @property
+    def nan_codes(self) -> tuple[int, ...]:
+        return tuple(c for c in range(self.n_codes) if decode(self, c) == "nan")
+
+    @property
+    def inf_codes(self) -> tuple[int, ...]:
+        return tuple(c for c in range(self.n_codes) if decode(self, c) in ("+inf", "-inf"))
+
+    @property
+    def max_code(self) -> int:
+        """Positive code of the largest finite value."""
+        return max(finite_codes(self), key=lambda c: decode(self, c))
+
+    @property
+    def max_finite(self) -> Fraction:
+        return decode(self, self.max_code)
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        FloatFormat("float8_e4m3fn", 4, 3, 7, "fn"),
+        FloatFormat("float8_e4m3fnuz", 4, 3, 8, "fnuz"),
+        FloatFormat("float8_e5m2", 5, 2, 15, "ieee"),
+        FloatFormat("float8_e5m2fnuz", 5, 2, 16, "fnuz"),
+        FloatFormat("float4_e2m1fn", 2, 1, 1, "none"),
+        FloatFormat("float6_e2m3fn", 2, 3, 1, "none"),
+        FloatFormat("float6_e3m2fn", 3, 2, 3, "none"),
+        FloatFormat("float8_e8m0fnu", 8, 0, 127, "e8m0", has_sign=False),
+    )
+}
+E8M0 = FORMATS["float8_e8m0fnu"]
+# Formats QuantizeLinear can produce (e8m0 is a scale type only).
+QUANT_FORMATS = [f for f in FORMATS.values() if f.kind != "e8m0"]
+
+ONNX_NAME = {
+    "float8_e4m3fn": "float8e4m3fn",
+    "float8_e4m3fnuz": "float8e4m3fnuz",
+    "float8_e5m2": "float8e5m2",
+    "float8_e5m2fnuz": "float8e5m2fnuz",
+    "float4_e2m1fn": "float4e2m1",
+    "float6_e2m3fn": "float6e2m3",
+    "float6_e3m2fn": "float6e3m2",
+    "float8_e8m0fnu": "float8e8m0",
+}
+# First QuantizeLinear / DequantizeLinear version that accepts the format.
+MIN_OPSET = {
+    "float8_e4m3fn": 19,
+    "float8_e4m3fnuz": 19,
+    "float8_e5m2": 19,
+    "float8_e5m2fnuz": 19,
+    "float4_e2m1fn": 23,
+    "float6_e2m3fn": 28,
+    "float6_e3m2fn": 28,
+    "float8_e8m0fnu": 24,
+}
+
+
+def _fmt(fmt) -> FloatFormat:
+    return fmt if isinstance(fmt, FloatFormat) else FORMATS[fmt]
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def sign_bit(fmt, code: int) -> int:
+    fmt = _fmt(fmt)
+    return 1 if code & fmt.sign_mask else 0
+
+
+@lru_cache(maxsize=None)
+def decode(fmt, code: int):
+    """Value of ``code``: a Fraction, "nan", "+inf" or "-inf".
+
+    A zero is Fraction(0); its sign is ``sign_bit(fmt, code)``. NaN codes keep their sign
+    bit too (``sign_bit``).
+    """
+    fmt = _fmt(fmt)
+    if not 0 <= code < fmt.n_codes:
+        raise ValueError(f"code {code:#x} out of range for {fmt.name}")
+    if fmt.kind == "e8m0":
+        if code == 0xFF:
+            return "nan"
+        return Fraction(2) ** (code - fmt.bias)
+    negative = bool(code & fmt.sign_mask)
+    exp_field = (code >> fmt.man_bits) & ((1 << fmt.exp_bits) - 1)
+    man_field = code & ((1 << fmt.man_bits) - 1)
+    exp_all_ones = exp_field == (1 << fmt.exp_bits) - 1
+    man_all_ones = man_field == (1 << fmt.man_bits) - 1
+    if fmt.kind == "fnuz" and code == fmt.sign_mask:
+        return "nan"
+    if fmt.kind == "fn" and exp_all_ones and man_all_ones:
+        return "nan"
+    if fmt.kind == "ieee" and exp_all_ones:
+        if man_field:
+            return "nan"
+        return "-inf" if negative else "+inf"
+    if exp_field == 0:  # subnormal or zero
+        magnitude = man_field * fmt.subnormal_quantum
+    else:
+        significand = Fraction((1 << fmt.man_bits) + man_field, 1 << fmt.man_bits)
+        magnitude = significand * Fraction(2) ** (exp_field - fmt.bias)
+    return -magnitude if negative else magnitude
+
+
+def decode_float(fmt, code: int) -> float:
+    """``decode`` as a Python float (exact: every value fits a float64), with signed zero
+    and signed NaN."""
+    v = decode(fmt, code)
+    s = -1.0 if sign_bit(fmt, code) else 1.0
+    if v == "nan":
+        return math.copysign(math.nan, s)
+    if v == "+inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    f = float(v)
+    assert Fraction(f) == v
+    return math.copysign(f, s) if f == 0 else f
+
+
+def finite_codes(fmt) -> list[int]:
+    fmt = _fmt(fmt)
+    return [c for c in range(fmt.n_codes) if isinstance(decode(fmt, c), Fraction)]
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def nan_code(fmt) -> int:
+    """Code produced for a NaN result (NaN input, or overflow without saturation)."""
+    fmt = _fmt(fmt)
+    if fmt.kind == "fn" or fmt.kind == "ieee":
+        return (1 << (fmt.n_bits - 1)) - 1  # 0x7F: positive, canonical
+    if fmt.kind == "fnuz":
+        return fmt.sign_mask  # 0x80
+    if fmt.kind == "none":
+        return fmt.max_code  # +max (ONNX float4 note)
+    raise ValueError(f"{fmt.name} is decode-only here")
+
+
+def _overflow_code(fmt: FloatFormat, negative: bool, saturate: bool) -> int:
+    sign = fmt.sign_mask if negative else 0
+    if saturate or fmt.kind == "none":
+        return sign | fmt.max_code
+    if fmt.kind == "ieee":
+        return sign | fmt.inf_codes[0] & ~fmt.sign_mask  # 0x7C / 0xFC
+    return nan_code(fmt)
+
+
+def _round_unbounded(fmt: FloatFormat, a: Fraction) -> Fraction:
+    """[a] for a > 0: nearest-even on the mantissa, exponent unbounded above, subnormal
+    spacing below the smallest normal."""
+    # e = floor(log2(a)), exactly.
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1
+    assert Fraction(2) ** e <= a < Fraction(2) ** (e + 1)
+    e = max(e, fmt.min_normal_exp)
+    quantum = Fraction(2) ** (e - fmt.man_bits)
+    q = a / quantum
+    n = q.numerator // q.denominator  # floor
+    rest = q - n
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2 == 1):
+        n += 1
+    return n * quantum
+
+
+def _code_of_magnitude(fmt: FloatFormat, r: Fraction) -> int:
+    """Positive code of the representable magnitude r (0 <= r <= max)."""
+    min_normal = Fraction(2) ** fmt.min_normal_exp
+    if r < min_normal:
+        n = r / fmt.subnormal_quantum
+        assert n.denominator == 1
+        return int(n)
+    e = r.numerator.bit_length() - r.denominator.bit_length()
+    if Fraction(2) ** e > r:
+        e -= 1
+    m = r / Fraction(2) ** e * (1 << fmt.man_bits) - (1 << fmt.man_bits)
+    assert m.denominator == 1 and 0 <= m < (1 << fmt.man_bits)
+    return ((e + fmt.bias) << fmt.man_bits) | int(m)
+
+
+def encode(fmt, value, saturate) -> int:
+    """Code of ``value`` (float or Fraction; a float may be NaN, inf or -0.0)."""
+    fmt = _fmt(fmt)
+    if fmt.kind == "e8m0":
+        raise ValueError("float8_e8m0fnu is decode-only in this oracle")
+    saturate = bool(saturate)
+    if isinstance(value, float) or isinstance(value, np.floating):
+        value = float(value)
+        if math.isnan(value):
+            return nan_code(fmt)
+        negative = math.copysign(1.0, value) < 0
+        if math.isinf(value):
+            return _overflow_code(fmt, negative, saturate)
+        value = Fraction(value)
+    else:
+        value = Fraction(value)
+        negative = value < 0
+    a = abs(value)
+    r = _round_unbounded(fmt, a) if a else Fraction(0)
+    if r > fmt.max_finite:
+        return _overflow_code(fmt, negative, saturate)
+    code = _code_of_magnitude(fmt, r)
+    if negative and not (code == 0 and not fmt.has_negative_zero):
+        code |= fmt.sign_mask
+    return code
+
+
+# ------------------------------------------------------------- table-driven vectorization
+
+
+@lru_cache(maxsize=None)
+def positive_values(fmt) -> tuple[tuple[Fraction, ...], tuple[int, ...]]:
+    """Sorted non-negative finite values and their positive codes, plus one sentinel: the
+    next value above max in the unbounded-exponent format, with code max_code + 1 (its
+    mantissa parity is what decides the tie at the midpoint above max)."""
+    fmt = _fmt(fmt)
+    pairs = sorted(
+        (decode(fmt, c), c)
+        for c in finite_codes(fmt)
+        if not (c & fmt.sign_mask)
+    )
+    values = [v for v, _ in pairs]
+    codes = [c for _, c in pairs]
+    assert len(set(values)) == len(values)
+    e_max = fmt.max_code >> fmt.man_bits  # exponent field of max
+    ulp_max = Fraction(2) ** (max(e_max, 1) - fmt.bias - fmt.man_bits)
+    values.append(values[-1] + ulp_max)
+    codes.append(codes[-1] + 1)
+    # Parity of a code is the parity of the mantissa of the value it stands for (also across
+    # the subnormal/normal boundary and for the sentinel), which is what ties-to-even needs.
+    return tuple(values), tuple(codes)
+
+
+@lru_cache(maxsize=None)
+def midpoints(fmt) -> tuple[Fraction, ...]:
+    """Exact midpoints between adjacent non-negative values, including the one between max
+    and the sentinel above it (e.g. 464 for e4m3fn)."""
+    values, _ = positive_values(fmt)
+    return tuple((a + b) / 2 for a, b in zip(values, values[1:]))
+
+
+@lru_cache(maxsize=None)
+def _tables(fmt):
+    values, codes = positive_values(fmt)
+    mids = midpoints(fmt)
+    v64 = np.array([float(v) for v in values], dtype=np.float64)
+    m64 = np.array([float(m) for m in mids], dtype=np.float64)
+    # Every value and midpoint is a short dyadic rational: exact in float64, so float64
+    # comparisons below are exact comparisons.
+    assert all(Fraction(float(v)) == v for v in values)
+    assert all(Fraction(float(m)) == m for m in mids)
+    return v64, m64, np.array(codes, dtype=np.int64)
+
+
+def encode_array(fmt, x, saturate) -> np.ndarray:
+    """Vectorized ``encode`` over an array of float16/bfloat16/float32/float64 values
+    (converted to float64, exactly). Returns uint8 codes."""
+    fmt = _fmt(fmt)
+    saturate = bool(saturate)
+    with np.errstate(invalid="ignore"):  # ml_dtypes flags NaN casts as invalid
+        x = np.asarray(x).astype(np.float64)
+    v64, m64, codes = _tables(fmt)
+    a = np.abs(x)
+    finite = np.isfinite(a)
+    a_f = np.where(finite, a, 0.0)
+    # i = number of midpoints strictly below a: a rounds to values[i], except on a tie
+    # (a == mids[i]) where it goes to whichever of values[i], values[i+1] has even code.
+    i = np.searchsorted(m64, a_f, side="left")
+    i_c = np.minimum(i, len(m64) - 1)
+    tie = (i < len(m64)) & (a_f == m64[i_c])
+    odd_low = (codes[np.minimum(i, len(codes) - 1)] & 1) == 1
+    idx = np.where(tie & odd_low, i + 1, i)
+    overflow = idx >= len(codes) - 1  # rounded to the sentinel or beyond: [a] > max
+    pos_code = codes[np.minimum(idx, len(codes) - 2)]
+    negative = np.signbit(x)
+    out = np.where(negative, pos_code | fmt.sign_mask, pos_code)
+    if not fmt.has_negative_zero:
+        out = np.where(pos_code == 0, 0, out)
+    ovf_pos = _overflow_code(fmt, False, saturate)
+    ovf_neg = _overflow_code(fmt, True, saturate)
+    out = np.where(overflow | ~finite, np.where(negative, ovf_neg, ovf_pos), out)
+    out = np.where(np.isnan(x), nan_code(fmt), out)
+    return out.astype(np.uint8)
