@@ -49,8 +49,12 @@ def opsets(fmt):
 def quantize(x, scale, fmt, saturate, opset=LATEST, **kwargs):
     if opset >= 21:
         kwargs["output_dtype"] = fo.ONNX_NAME[fmt.name]
-    else:  # no output_dtype before version 21: a +0 zero point of the format sets the type
-        kwargs["y_zero_point"] = codes_array(fmt, 0).reshape(())
+    else:
+        # No output_dtype before version 21: a zero point of the format sets the type. It is
+        # added to the quotient (IEEE), so -0 (where the format has it) is the one that
+        # changes no bit; +0 would turn an exact -0 quotient into +0.
+        zero = fmt.sign_mask if fmt.has_negative_zero else 0
+        kwargs["y_zero_point"] = codes_array(fmt, zero).reshape(())
     y = qemu_q.quantize_linear(x, scale, saturate=saturate, opset=opset, **kwargs)
     assert y.dtype == dtype_of(fmt)
     assert y.shape == np.shape(x)
@@ -520,23 +524,29 @@ def test_float_zero_point(fmt):
     expected = fo.encode_array(fmt, x, 1)
     one = scalar(1.0, np.float32)
     zero_codes = [0x00] if not fmt.has_negative_zero else [0x00, fmt.sign_mask]
-    # Which sign a zero result takes with a +-0 zero point (x + zp with IEEE signed zeros,
-    # or the zero point ignored) is left open here: zero results may be either zero.
-    zero = (expected & ~np.uint8(fmt.sign_mask)) == 0
+    # The zero point enters the formula with IEEE signed-zero arithmetic (docs/semantics.md):
+    # QuantizeLinear adds it, so an exact -0 quotient plus a +0 zero point is +0, while a
+    # tiny negative quotient stays negative and rounds to -0; DequantizeLinear subtracts it,
+    # so the -0 code minus a -0 zero point is +0.
+    x = np.concatenate([x, np.array([-0.0, 0.0, -1e-30, 1e-30], dtype=np.float32)])
+    expected = fo.encode_array(fmt, x, 1)
+    exact_negative_zero = (x == 0) & np.signbit(x)
     codes = all_codes(fmt)
     values = decoded(fmt, codes)
-    value_zero = values == 0
-    for zc in zero_codes:  # +0 and -0 zero points select the type and change nothing else
+    for zc in zero_codes:
         zp = codes_array(fmt, zc).reshape(())
+        zp_is_negative = zc == fmt.sign_mask and fmt.has_negative_zero
+        want = expected.copy()
+        if not zp_is_negative:
+            want[exact_negative_zero] = 0x00
         y = qemu_q.quantize_linear(x, one, zp, opset=LATEST)
         assert y.dtype == dtype_of(fmt)
-        got = y.view(np.uint8)
-        assert_codes(got[~zero], expected[~zero], x[~zero], f"{fmt.name} zero point 0x{zc:02x}")
-        assert ((got[zero] & ~np.uint8(fmt.sign_mask)) == 0).all()
+        assert_codes(y.view(np.uint8), want, x, f"{fmt.name} zero point 0x{zc:02x}")
         y = qemu_q.dequantize_linear(codes_array(fmt, codes), one, zp, opset=LATEST)
-        assert_float_bits(y[~value_zero], values[~value_zero], np.float32, codes[~value_zero],
-                          f"{fmt.name} decode zp 0x{zc:02x}")
-        assert (y[value_zero] == 0).all()
+        want_values = values.copy()
+        if zp_is_negative:
+            want_values[values == 0] = 0.0  # -0 - (-0) = +0, +0 - (-0) = +0
+        assert_float_bits(y, want_values, np.float32, codes, f"{fmt.name} decode zp 0x{zc:02x}")
     nonzero = codes_array(fmt, fo.encode(fmt, 1.0, 1)).reshape(())
     with pytest.raises(ValueError):
         qemu_q.quantize_linear(x, one, nonzero, opset=LATEST)

@@ -1,0 +1,289 @@
+# Scalar codecs shared by every kernel family: bit casts, float16/bfloat16 and small-float
+# encoders and decoders, rounding to a format's precision, the integer saturating encoder.
+# Everything here is `inline noexcept nogil` so that each kernel gets its own copy the
+# compiler can specialise on constant arguments.
+
+from libc.math cimport fabs, fabsf, floor, ceil, copysign, copysignf, isnan, INFINITY
+from libc.stdint cimport int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
+from libc.string cimport memcpy
+
+
+# Storage of the x operand of QuantizeLinear: float32 values, float16/bfloat16 bit patterns,
+# int32 values.
+ctypedef fused x_storage_t:
+    float
+    uint16_t
+    int32_t
+
+# Storage of quantized codes: 8-bit types (including one-per-byte int4/int2/float4/float6/
+# float8 codes) and 16-bit types.
+ctypedef fused code_storage_t:
+    uint8_t
+    uint16_t
+
+# Storage of DequantizeLinear's output: float32 values, float16/bfloat16 bit patterns.
+ctypedef fused y_storage_t:
+    float
+    uint16_t
+
+
+cdef enum ValueFormat:
+    FMT_FLOAT32 = 0
+    FMT_FLOAT16 = 1
+    FMT_BFLOAT16 = 2
+    FMT_INT32 = 3
+
+
+# Encodings of a quantized type, as the kernels see them.
+cdef enum CodeKind:
+    CODE_INTEGER = 0   # two's complement / unsigned integer, clamped to [lo, hi], masked
+    CODE_SMALL_FLOAT = 1
+
+
+cdef enum SmallFloatId:
+    SF_E4M3FN = 0
+    SF_E4M3FNUZ = 1
+    SF_E5M2 = 2
+    SF_E5M2FNUZ = 3
+    SF_E2M1 = 4
+    SF_E2M3 = 5
+    SF_E3M2 = 6
+    SF_COUNT = 7
+
+
+cdef struct SmallFloatFormat:
+    int width          # bits in a code; the sign is the top bit
+    int mantissa_bits
+    int min_exponent   # unbiased exponent of the smallest normal (1 - bias)
+    int bias
+    double max_finite
+    int max_code       # code of +max_finite
+    int nan_code       # canonical NaN code, -1 when the format has none
+    int inf_code       # code of +inf, -1 when the format has none
+    bint unsigned_zero # FNUZ: the negative-zero pattern is NaN, so -0 encodes as +0
+
+
+cdef inline SmallFloatFormat small_float_format(int fmt_id) noexcept nogil:
+    cdef SmallFloatFormat f
+    if fmt_id == SF_E4M3FN:
+        f.width = 8; f.mantissa_bits = 3; f.bias = 7; f.max_finite = 448.0
+        f.max_code = 0x7E; f.nan_code = 0x7F; f.inf_code = -1; f.unsigned_zero = False
+    elif fmt_id == SF_E4M3FNUZ:
+        f.width = 8; f.mantissa_bits = 3; f.bias = 8; f.max_finite = 240.0
+        f.max_code = 0x7F; f.nan_code = 0x80; f.inf_code = -1; f.unsigned_zero = True
+    elif fmt_id == SF_E5M2:
+        f.width = 8; f.mantissa_bits = 2; f.bias = 15; f.max_finite = 57344.0
+        f.max_code = 0x7B; f.nan_code = 0x7F; f.inf_code = 0x7C; f.unsigned_zero = False
+    elif fmt_id == SF_E5M2FNUZ:
+        f.width = 8; f.mantissa_bits = 2; f.bias = 16; f.max_finite = 57344.0
+        f.max_code = 0x7F; f.nan_code = 0x80; f.inf_code = -1; f.unsigned_zero = True
+    elif fmt_id == SF_E2M1:
+        f.width = 4; f.mantissa_bits = 1; f.bias = 1; f.max_finite = 6.0
+        f.max_code = 0x7; f.nan_code = -1; f.inf_code = -1; f.unsigned_zero = False
+    elif fmt_id == SF_E2M3:
+        f.width = 6; f.mantissa_bits = 3; f.bias = 1; f.max_finite = 7.5
+        f.max_code = 0x1F; f.nan_code = -1; f.inf_code = -1; f.unsigned_zero = False
+    else:  # SF_E3M2
+        f.width = 6; f.mantissa_bits = 2; f.bias = 3; f.max_finite = 28.0
+        f.max_code = 0x1F; f.nan_code = -1; f.inf_code = -1; f.unsigned_zero = False
+    f.min_exponent = 1 - f.bias
+    return f
+
+
+cdef inline uint32_t float_bits(float v) noexcept nogil:
+    cdef uint32_t b
+    memcpy(&b, &v, 4)
+    return b
+
+
+cdef inline float bits_float(uint32_t b) noexcept nogil:
+    cdef float v
+    memcpy(&v, &b, 4)
+    return v
+
+
+cdef inline uint64_t double_bits(double v) noexcept nogil:
+    cdef uint64_t b
+    memcpy(&b, &v, 8)
+    return b
+
+
+cdef inline double bits_double(uint64_t b) noexcept nogil:
+    cdef double v
+    memcpy(&v, &b, 8)
+    return v
+
+
+cdef inline double pow2(int e) noexcept nogil:
+    # Exact 2**e for the normal double range, which covers every use here.
+    return bits_double(<uint64_t>(e + 1023) << 52)
+
+
+cdef inline float float16_to_float(uint16_t h) noexcept nogil:
+    # Placing the exponent and mantissa in a float32 and multiplying by 2**112 rebias
+    # normals and subnormals alike, exactly; only inf/NaN need the exponent forced.
+    cdef uint32_t sign = (<uint32_t>(h & 0x8000)) << 16
+    cdef uint32_t magnitude = (<uint32_t>(h & 0x7FFF)) << 13
+    cdef float v
+    if magnitude >= 0x0F800000:
+        return bits_float(sign | 0x7F800000 | magnitude)
+    v = bits_float(magnitude) * 5.192296858534828e+33  # 2**112
+    return bits_float(sign | float_bits(v))
+
+
+cdef inline float bfloat16_to_float(uint16_t b) noexcept nogil:
+    return bits_float((<uint32_t>b) << 16)
+
+
+cdef inline double round_half_even(double t) noexcept nogil:
+    # Round to an integer, ties to even, for |t| < 2**52: adding and removing 2**52 leaves
+    # the rounding to the FPU's default mode. Larger |t| are integers already.
+    cdef double a = fabs(t)
+    cdef double r
+    if a < 4503599627370496.0:
+        r = (a + 4503599627370496.0) - 4503599627370496.0
+        return copysign(r, t)
+    return t
+
+
+cdef inline double round_to_precision(double v, double err, int mantissa_bits, int min_exponent) noexcept nogil:
+    # Round the exact value v + err (|err| <= half an ulp of v in double) to a binary format
+    # with `mantissa_bits` fraction bits and smallest normal exponent `min_exponent`, ties to
+    # even, with an unbounded exponent range above (overflow is the caller's rule, decided on
+    # the rounded value). err breaks ties that v alone would see as exact.
+    cdef uint64_t b = double_bits(v)
+    cdef int exponent = <int>((b >> 52) & 0x7FF)
+    cdef int ulp_exponent
+    cdef double t, r, t_err
+    if exponent == 0x7FF or v == 0.0:
+        return v
+    exponent = exponent - 1023 if exponent != 0 else -1022
+    if exponent < min_exponent:
+        exponent = min_exponent
+    ulp_exponent = exponent - mantissa_bits
+    t = v * pow2(-ulp_exponent)
+    r = round_half_even(t)
+    if err != 0.0 and fabs(t - r) == 0.5:
+        t_err = err * pow2(-ulp_exponent)
+        r = ceil(t) if t_err > 0.0 else floor(t)
+    return r * pow2(ulp_exponent)
+
+
+cdef inline float round_to_float16_value(double v, double err) noexcept nogil:
+    # IEEE binary16 rounding of v + err, returned as the (exact) float32 value; overflow -> inf.
+    cdef double r = round_to_precision(v, err, 10, -14)
+    if fabs(r) > 65504.0:
+        return <float>copysign(INFINITY, r)
+    return <float>r
+
+
+cdef inline float round_to_bfloat16_value(double v, double err) noexcept nogil:
+    # Above the largest bfloat16 the rounded value is at least 2**128: float32 inf.
+    return <float>round_to_precision(v, err, 7, -126)
+
+
+cdef inline float round_to_float32_value(double v, double err) noexcept nogil:
+    if err == 0.0:
+        return <float>v
+    return <float>round_to_precision(v, err, 23, -126)
+
+
+cdef inline uint16_t float_to_float16_bits(float v) noexcept nogil:
+    # v must already be a binary16 value (or inf/NaN): this only re-packs the bits.
+    cdef uint32_t b = float_bits(v)
+    cdef uint32_t sign = (b >> 16) & 0x8000
+    cdef uint32_t magnitude = b & 0x7FFFFFFF
+    cdef int exponent
+    if magnitude >= 0x7F800000:
+        if magnitude == 0x7F800000:
+            return <uint16_t>(sign | 0x7C00)
+        return <uint16_t>(sign | 0x7E00 | ((magnitude >> 13) & 0x3FF))
+    if magnitude < 0x38800000:  # below 2**-14: subnormal half
+        return <uint16_t>(sign | <uint32_t>(fabs(<double>v) * 16777216.0))
+    exponent = <int>(magnitude >> 23) - 127 + 15
+    return <uint16_t>(sign | (<uint32_t>exponent << 10) | ((magnitude >> 13) & 0x3FF))
+
+
+cdef inline uint16_t float_to_bfloat16_bits(float v) noexcept nogil:
+    # v must already be a bfloat16 value (or inf/NaN); NaN stays quiet.
+    cdef uint32_t b = float_bits(v)
+    if (b & 0x7FFFFFFF) > 0x7F800000:
+        return <uint16_t>((b >> 16) | 0x0040)
+    return <uint16_t>(b >> 16)
+
+
+cdef inline float round_to_value_format(double v, double err, int value_format) noexcept nogil:
+    # Round v + err once to float32/float16/bfloat16. err is zero where v is exact, or where
+    # v is a double result that cannot sit on a midpoint of the target unless exact.
+    if value_format == FMT_FLOAT16:
+        return round_to_float16_value(v, err)
+    if value_format == FMT_BFLOAT16:
+        return round_to_bfloat16_value(v, err)
+    return round_to_float32_value(v, err)
+
+
+cdef inline uint16_t pack_value_format(float v, int value_format) noexcept nogil:
+    if value_format == FMT_FLOAT16:
+        return float_to_float16_bits(v)
+    return float_to_bfloat16_bits(v)
+
+
+cdef inline int encode_integer(float q, float zero_point, float lo, float hi, int mask) noexcept nogil:
+    # q is the quotient already rounded to the division precision. Round half to even,
+    # add the zero point, saturate; NaN lands on lo because every comparison with it fails.
+    cdef float two_23 = 8388608.0  # typed: a double literal would promote the sum to double
+    cdef float a = fabsf(q)
+    cdef float r = q
+    if a < two_23:
+        r = copysignf((a + two_23) - two_23, q)
+    r = r + zero_point
+    r = r if r >= lo else lo
+    r = r if r <= hi else hi
+    return (<int>r) & mask
+
+
+cdef inline int encode_small_float(double q, const SmallFloatFormat* f, bint saturate) noexcept nogil:
+    cdef int sign_bit = 1 << (f.width - 1)
+    cdef int sign
+    cdef int exponent
+    cdef uint64_t b
+    cdef double r, a
+    if isnan(q):
+        return f.nan_code if f.nan_code >= 0 else f.max_code
+    r = round_to_precision(q, 0.0, f.mantissa_bits, f.min_exponent)
+    sign = sign_bit if r < 0.0 or (r == 0.0 and double_bits(r) >> 63) else 0
+    a = fabs(r)
+    if a > f.max_finite:
+        if saturate or (f.nan_code < 0 and f.inf_code < 0):
+            return sign | f.max_code
+        if f.inf_code >= 0:
+            return sign | f.inf_code
+        return f.nan_code
+    if a == 0.0:
+        return 0 if f.unsigned_zero else sign
+    b = double_bits(a)
+    exponent = <int>(b >> 52) - 1023
+    if exponent < f.min_exponent:
+        return sign | <int>(a * pow2(f.mantissa_bits - f.min_exponent))
+    return sign | ((exponent + f.bias) << f.mantissa_bits) | <int>((b >> (52 - f.mantissa_bits)) & ((1 << f.mantissa_bits) - 1))
+
+
+cdef inline double decode_small_float(int code, const SmallFloatFormat* f) noexcept nogil:
+    cdef int sign_bit = 1 << (f.width - 1)
+    cdef int magnitude = code & (sign_bit - 1)
+    cdef int exponent = magnitude >> f.mantissa_bits
+    cdef int mantissa = magnitude & ((1 << f.mantissa_bits) - 1)
+    cdef double v
+    if code == f.nan_code or (f.nan_code >= 0 and not f.unsigned_zero and magnitude == f.nan_code):
+        v = bits_double(0x7FF8000000000000)
+    elif f.inf_code >= 0 and magnitude == f.inf_code:
+        v = 1.0 / 0.0
+    elif f.inf_code >= 0 and magnitude > f.inf_code:
+        v = bits_double(0x7FF8000000000000)  # e5m2 NaN codes 0x7D-0x7F
+    elif exponent == 0:
+        v = mantissa * pow2(f.min_exponent - f.mantissa_bits)
+    else:
+        v = ((1 << f.mantissa_bits) + mantissa) * pow2(exponent - f.bias - f.mantissa_bits)
+    if code & sign_bit:
+        v = -v  # the FNUZ NaN 0x80 included: NaN codes keep their sign bit
+    return v

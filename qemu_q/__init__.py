@@ -1,0 +1,28 @@
+"""qemu_q: bit-exact emulation of the ONNX quantization datapaths.
+
+QuantizeLinear and DequantizeLinear at every version (10 to 28) and DynamicQuantizeLinear-11,
+for every ONNX quantized type, computed by Cython kernels; the bits are the product.
+"""
+
+from . import _build_config
+from ._dtypes import ELEMENT_TYPES, ElementType, element_type
+from ._opspec import NEWEST_OPSET, OP_VERSIONS, FormalParameter, OpSpec, get_spec
+from ._ops import dequantize_linear, dynamic_quantize_linear, quantize_linear
+from ._pack import pack, unpack
+from ._parallel import openmp_compiled as _openmp_compiled
+from ._run_op import run_op
+from ._threads import get_num_threads, set_num_threads
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ELEMENT_TYPES", "ElementType", "FormalParameter", "NEWEST_OPSET", "OP_VERSIONS", "OpSpec",
+    "dequantize_linear", "dynamic_quantize_linear", "element_type", "get_num_threads", "get_spec",
+    "openmp_enabled", "pack", "quantize_linear", "run_op", "set_num_threads", "unpack",
+    "__version__",
+]
+
+
+def openmp_enabled() -> bool:
+    """True when the kernels were built with OpenMP (and so can use several threads)."""
+    return bool(_build_config.OPENMP) and _openmp_compiled()

@@ -1,0 +1,398 @@
+"""QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear: validation, spec resolution,
+allocation, and dispatch to the Cython kernels.
+
+Everything Python-level happens here, once per call; the kernels see contiguous storage
+arrays, double-precision scales and zero points, and plain integer parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from . import _dequantize, _dynamic, _quantize
+from ._dtypes import (
+    BLOCKED, CODE_INTEGER, CODE_SMALL_FLOAT, ELEMENT_TYPES, FMT_FLOAT32, PER_AXIS, PER_TENSOR,
+    ElementType, array_element_type, element_type,
+)
+from ._opspec import OpSpec, first_version_allowing, first_version_with_attribute, get_spec
+from ._threads import resolve_threads
+
+_FLOAT32 = ELEMENT_TYPES["float"]
+_UINT8 = ELEMENT_TYPES["uint8"]
+_E8M0 = ELEMENT_TYPES["float8e8m0"]
+# Values of `precision` (QuantizeLinear-23+): the division's precision type.
+_PRECISION_TYPES = {1: "float", 10: "float16", 16: "bfloat16"}
+
+
+def _label(spec: OpSpec, opset: int) -> str:
+    return f"{spec.op_type}-{spec.since_version} (opset {opset})"
+
+
+def _as_array(value, argument: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    raise TypeError(
+        f"{argument} must be a numpy array (or numpy scalar) of an ONNX type, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _check_type(spec: OpSpec, opset: int, param: str, etype: ElementType) -> None:
+    allowed = spec.allowed_types(param)
+    if etype.onnx_type in allowed:
+        return
+    names = ", ".join(sorted(t[7:-1] for t in allowed))
+    needs = first_version_allowing(spec.op_type, param, etype.onnx_type)
+    hint = f"; {etype.name} needs opset >= {needs}" if needs and needs > spec.since_version else ""
+    raise TypeError(
+        f"{_label(spec, opset)} does not accept {param} of type {etype.name}{hint}. "
+        f"Allowed: {names}"
+    )
+
+
+def _check_attribute(spec: OpSpec, opset: int, name: str, value, default) -> None:
+    if name in spec.attributes or value == default:
+        return
+    needs = first_version_with_attribute(spec.op_type, name)
+    raise ValueError(
+        f"{_label(spec, opset)} has no attribute {name!r} (got {name}={value!r}); "
+        f"it appears in opset {needs}"
+    )
+
+
+def _int_attribute(value, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def _normalize_output_dtype(output_dtype):
+    # The attribute's ONNX default 0 means "not given".
+    if isinstance(output_dtype, (int, np.integer)) and not isinstance(output_dtype, (bool, np.bool_)) and output_dtype == 0:
+        return None
+    return output_dtype
+
+
+@dataclass(frozen=True)
+class _Granularity:
+    kind: int
+    outer: int
+    axis_len: int
+    inner: int
+    block_size: int
+
+
+def _resolve_granularity(spec: OpSpec, opset: int, x_shape, scale: np.ndarray, zero_point,
+                         axis: int, block_size: int, scale_name: str, zp_name: str) -> _Granularity:
+    size = math.prod(x_shape)
+    label = _label(spec, opset)
+    # A scalar and a 1-element 1-D tensor are the same per-tensor parameter (the ONNX node
+    # tests pair a () scale with a (1,) zero point).
+    same_scalar = zero_point is not None and zero_point.size == scale.size == 1 and max(zero_point.ndim, scale.ndim) <= 1
+    if zero_point is not None and zero_point.shape != scale.shape and not same_scalar:
+        raise ValueError(
+            f"{label}: {zp_name} shape {zero_point.shape} must equal {scale_name} shape {scale.shape}"
+        )
+    if block_size < 0:
+        raise ValueError(f"{label}: block_size={block_size} must be >= 0 (0 means not blocked)")
+    rank = len(x_shape)
+    if block_size == 0 and scale.ndim <= 1 and scale.size == 1:
+        return _Granularity(PER_TENSOR, 1, size, 1, 0)
+    if block_size == 0 and scale.ndim > 1:
+        raise ValueError(
+            f"{label}: {scale_name} of shape {scale.shape} needs block_size > 0 for blocked "
+            f"quantization; per-tensor takes a scalar and per-axis a 1-D {scale_name}"
+        )
+    kind = BLOCKED if block_size > 0 else PER_AXIS
+    if kind == PER_AXIS and "per_axis" not in spec.granularities:
+        raise ValueError(
+            f"{label} supports per-tensor quantization only: {scale_name} must be a scalar, "
+            f"got shape {scale.shape}; per-axis needs opset >= 13"
+        )
+    if kind == BLOCKED and "blocked" not in spec.granularities:
+        raise ValueError(
+            f"{label} has no blocked quantization (block_size={block_size}); it needs opset >= 21"
+        )
+    if rank == 0:
+        raise ValueError(f"{label}: a scalar x takes a scalar {scale_name}, got shape {scale.shape}")
+    if not -rank <= axis < rank:
+        raise ValueError(f"{label}: axis={axis} is out of range for x of rank {rank}; allowed [{-rank}, {rank - 1}]")
+    axis = axis % rank
+    axis_len = x_shape[axis]
+    outer = math.prod(x_shape[:axis])
+    inner = math.prod(x_shape[axis + 1:])
+    if kind == PER_AXIS:
+        if scale.ndim != 1 or scale.shape[0] != axis_len:
+            raise ValueError(
+                f"{label}: per-axis {scale_name} must be 1-D of length x.shape[{axis}] = {axis_len}, "
+                f"got shape {scale.shape}"
+            )
+        return _Granularity(PER_AXIS, outer, axis_len, inner, 0)
+    if scale.ndim != rank:
+        raise ValueError(
+            f"{label}: blocked {scale_name} must have the rank of x ({rank}), got shape {scale.shape}"
+        )
+    for d in range(rank):
+        if d != axis and scale.shape[d] != x_shape[d]:
+            raise ValueError(
+                f"{label}: blocked {scale_name} shape {scale.shape} must equal x shape "
+                f"{tuple(x_shape)} except on axis {axis}"
+            )
+    n_scales = scale.shape[axis]
+    low = -(-axis_len // n_scales) if n_scales > 0 else None
+    high = -(-axis_len // (n_scales - 1)) - 1 if n_scales > 1 else None
+    if low is None or block_size < low or (high is not None and block_size > high):
+        allowed = f"[{low}, {high if high is not None else 'inf'}]" if low is not None else "none"
+        raise ValueError(
+            f"{label}: block_size={block_size} does not fit x.shape[{axis}] = {axis_len} with "
+            f"{n_scales} scales along the axis; allowed {allowed} = [ceil(Di/Si), ceil(Di/(Si-1))-1]"
+        )
+    return _Granularity(BLOCKED, outer, axis_len, inner, block_size)
+
+
+def _zero_point_values(zero_point, etype: ElementType, scale: np.ndarray, label: str, zp_name: str,
+                       absent: float = 0.0) -> np.ndarray:
+    """Zero points as float64 values shaped like the scale (the kernel's parameter form).
+
+    `absent` stands in for a missing zero point: QuantizeLinear adds -0.0 to a float
+    quotient, the additive identity even for -0, so a missing zero point changes no bit.
+    """
+    if zero_point is None:
+        return np.full(scale.size, absent, dtype=np.float64)
+    values = np.ascontiguousarray(zero_point.reshape(-1)).astype(np.float64)
+    if etype.kind == "small_float" and not np.all(values == 0.0):
+        bad = zero_point.reshape(-1)[~(values == 0.0)][0]
+        raise ValueError(
+            f"{label}: {zp_name} of type {etype.name} must be zero (+0 or -0), got {bad!r}; "
+            f"qemu_q rejects nonzero float zero points (docs/semantics.md)"
+        )
+    if etype.name == "int32" and not np.all(values == 0.0):
+        raise ValueError(
+            f"{label}: {zp_name} of int32 x must be 0 (the spec gives int32 no zero point), "
+            f"got {int(values[values != 0.0][0])}"
+        )
+    return values
+
+
+def _prepare_output(out, shape, etype: ElementType, inputs) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype=etype.dtype)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.dtype != etype.dtype:
+        raise TypeError(f"out has dtype {out.dtype}; this call produces {etype.dtype} ({etype.name})")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out has shape {out.shape}; this call produces shape {tuple(shape)}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    for name, array in inputs:
+        if np.may_share_memory(out, array):
+            raise ValueError(f"out overlaps {name}; the kernels do not work in place")
+    return out
+
+
+def _flat_storage(array: np.ndarray, etype: ElementType) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(etype.storage)
+
+
+def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
+                    saturate=1, precision=0, opset=None, out=None, n_threads=None) -> np.ndarray:
+    """ONNX QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point), bit-exact.
+
+    `opset` selects the version (newest since-version <= opset; None: 28). Types follow
+    that version's schema; `output_dtype` takes an ONNX data-type int, a name ("int4",
+    "float8e4m3fn") or a dtype. Rules the spec leaves open are in docs/semantics.md.
+    """
+    spec = get_spec("QuantizeLinear", opset)
+    opset = spec.since_version if opset is None else opset
+    label = _label(spec, opset)
+    x = _as_array(x, "x")
+    scale = _as_array(y_scale, "y_scale")
+    zero_point = None if y_zero_point is None else _as_array(y_zero_point, "y_zero_point")
+    axis = _int_attribute(axis, "axis")
+    block_size = _int_attribute(block_size, "block_size")
+    saturate = _int_attribute(saturate, "saturate")
+    precision = _int_attribute(precision, "precision")
+    output_dtype = _normalize_output_dtype(output_dtype)
+    _check_attribute(spec, opset, "block_size", block_size, 0)
+    _check_attribute(spec, opset, "saturate", saturate, 1)
+    _check_attribute(spec, opset, "precision", precision, 0)
+    _check_attribute(spec, opset, "output_dtype", output_dtype, None)
+    if saturate not in (0, 1):
+        raise ValueError(f"{label}: saturate={saturate}; allowed 0 or 1")
+
+    x_type = array_element_type(x, "x")
+    scale_type = array_element_type(scale, "y_scale")
+    _check_type(spec, opset, "x", x_type)
+    _check_type(spec, opset, "y_scale", scale_type)
+    if spec.division_precision == "scale" and scale_type is not x_type:
+        raise TypeError(f"{label}: x and y_scale share type T1; got x {x_type.name} and y_scale {scale_type.name}")
+
+    out_type = _quantize_output_type(spec, opset, output_dtype, zero_point, label)
+    _check_type(spec, opset, "y", out_type)
+    if zero_point is not None:
+        _check_type(spec, opset, "y_zero_point", array_element_type(zero_point, "y_zero_point"))
+
+    precision_type = _division_precision(spec, label, precision, x_type, scale_type)
+    gran = _resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
+                                "y_scale", "y_zero_point")
+    scale_values = np.ascontiguousarray(scale.reshape(-1)).astype(np.float64)
+    zp_values = _zero_point_values(zero_point, out_type, scale, label, "y_zero_point", absent=-0.0)
+    fast_divide = (
+        precision_type.value_format == FMT_FLOAT32
+        and x_type.name in ("float", "float16", "bfloat16")
+        and scale_type.name in ("float", "float16", "bfloat16", "float8e8m0")
+    )
+    y = _prepare_output(out, x.shape, out_type, [("x", x), ("y_scale", scale)])
+    if out_type.kind == "integer":
+        code_kind, lo, hi, mask = CODE_INTEGER, out_type.lo, out_type.hi, (1 << out_type.bits) - 1
+        small_float_id = 0
+    else:
+        code_kind, lo, hi, mask = CODE_SMALL_FLOAT, 0, 0, 0
+        small_float_id = out_type.small_float_id
+    _quantize.quantize(
+        _flat_storage(x, x_type), scale_values, zp_values, y.reshape(-1).view(out_type.storage),
+        gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
+        x_type.value_format, precision_type.value_format, fast_divide,
+        code_kind, lo, hi, mask, small_float_id, saturate, resolve_threads(n_threads, x.size),
+    )
+    return y
+
+
+def _quantize_output_type(spec, opset, output_dtype, zero_point, label) -> ElementType:
+    zp_type = None if zero_point is None else array_element_type(zero_point, "y_zero_point")
+    if output_dtype is not None:
+        requested = element_type(output_dtype, "output_dtype")
+        if zp_type is not None and zp_type is not requested:
+            raise TypeError(
+                f"{label}: output_dtype {requested.name} conflicts with y_zero_point of type "
+                f"{zp_type.name}; when both are given they must agree"
+            )
+        return requested
+    return zp_type if zp_type is not None else _UINT8
+
+
+def _division_precision(spec, label, precision, x_type, scale_type) -> ElementType:
+    if spec.division_precision == "float32":
+        return _FLOAT32
+    if spec.division_precision == "scale":
+        return scale_type if scale_type.kind == "value" else _FLOAT32
+    if precision:
+        name = _PRECISION_TYPES.get(precision)
+        if name is None:
+            raise ValueError(
+                f"{label}: precision={precision}; allowed 0 (the scale's type), "
+                + ", ".join(f"{k} ({v})" for k, v in _PRECISION_TYPES.items())
+            )
+        return ELEMENT_TYPES[name]
+    # int32 and float8e8m0 scales cannot be a division precision: float32 (docs/semantics.md).
+    return scale_type if scale_type.kind == "value" else _FLOAT32
+
+
+@lru_cache(maxsize=None)
+def _decode_table(type_name: str) -> np.ndarray:
+    etype = ELEMENT_TYPES[type_name]
+    if etype.kind == "small_float":
+        table = _dequantize.decode_table(etype.small_float_id)
+    else:
+        codes = np.arange(256, dtype=np.int64) & ((1 << etype.bits) - 1)
+        if etype.lo < 0:
+            codes = np.where(codes >= 1 << (etype.bits - 1), codes - (1 << etype.bits), codes)
+        table = codes.astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
+                      opset=None, out=None, n_threads=None) -> np.ndarray:
+    """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
+
+    `opset` selects the version (None: 28). The output type is float32 (10, 13), the
+    scale's type (19, 21), or `output_dtype` / the scale's type (23+).
+    """
+    spec = get_spec("DequantizeLinear", opset)
+    opset = spec.since_version if opset is None else opset
+    label = _label(spec, opset)
+    x = _as_array(x, "x")
+    scale = _as_array(x_scale, "x_scale")
+    zero_point = None if x_zero_point is None else _as_array(x_zero_point, "x_zero_point")
+    axis = _int_attribute(axis, "axis")
+    block_size = _int_attribute(block_size, "block_size")
+    output_dtype = _normalize_output_dtype(output_dtype)
+    _check_attribute(spec, opset, "block_size", block_size, 0)
+    _check_attribute(spec, opset, "output_dtype", output_dtype, None)
+
+    x_type = array_element_type(x, "x")
+    scale_type = array_element_type(scale, "x_scale")
+    _check_type(spec, opset, "x", x_type)
+    _check_type(spec, opset, "x_scale", scale_type)
+    if zero_point is not None:
+        zp_type = array_element_type(zero_point, "x_zero_point")
+        if zp_type is not x_type:
+            raise TypeError(f"{label}: x_zero_point must have the type of x ({x_type.name}), got {zp_type.name}")
+
+    if spec.multiplication_precision == "float32":
+        out_type = _FLOAT32
+    elif output_dtype is not None:
+        out_type = element_type(output_dtype, "output_dtype")
+        _check_type(spec, opset, "y", out_type)
+    elif scale_type is _E8M0:
+        out_type = _FLOAT32  # e8m0 is no output type: documented default (docs/semantics.md)
+    else:
+        out_type = scale_type
+
+    gran = _resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
+                                "x_scale", "x_zero_point")
+    scale_values = np.ascontiguousarray(scale.reshape(-1)).astype(np.float64)
+    zp_values = _zero_point_values(zero_point, x_type, scale, label, "x_zero_point")
+    if x_type.storage.itemsize == 1:
+        table = _decode_table(x_type.name)
+    else:
+        table = _decode_table("uint8")  # unused by 16- and 32-bit codes
+    y = _prepare_output(out, x.shape, out_type, [("x", x), ("x_scale", scale)])
+    _dequantize.dequantize(
+        _flat_storage(x, x_type), scale_values, zp_values, y.reshape(-1).view(out_type.storage),
+        gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
+        table, x_type.name == "int16", out_type.value_format, resolve_threads(n_threads, x.size),
+    )
+    return y
+
+
+def dynamic_quantize_linear(x, *, opset=None):
+    """ONNX DynamicQuantizeLinear-11: (y uint8, y_scale float32 scalar, y_zero_point uint8 scalar).
+
+    The range is [min(0, min x), max(0, max x)] over the non-NaN values; a zero range gives
+    scale 1 and zero point 0 (docs/semantics.md).
+    """
+    spec = get_spec("DynamicQuantizeLinear", opset)
+    x = _as_array(x, "x")
+    x_type = array_element_type(x, "x")
+    _check_type(spec, spec.since_version if opset is None else opset, "x", x_type)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    lo, hi, _ = _dynamic.min_max(flat, resolve_threads(None, flat.size))
+    f32 = np.float32
+    low = f32(min(f32(0.0), f32(lo)))
+    high = f32(max(f32(0.0), f32(hi)))
+    with np.errstate(all="ignore"):
+        scale = f32(high - low) / f32(255.0)
+        if scale == 0.0:
+            scale = f32(1.0)
+        intermediate = f32(0.0) - low / scale
+    # Saturate, then round half to even; NaN (from an infinite range) saturates to 0.
+    zp_value = 0.0 if math.isnan(intermediate) else min(max(float(intermediate), 0.0), 255.0)
+    y_zero_point = np.array(round(zp_value), dtype=np.uint8)
+    y_scale = np.array(scale, dtype=np.float32)
+    y = quantize_linear(x, y_scale, y_zero_point, opset=13)
+    return y, y_scale, y_zero_point

@@ -1,0 +1,62 @@
+"""Every official ONNX backend node test of the quantization family, through run_op, bit-exact."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import qemu_q
+
+onnx = pytest.importorskip("onnx", reason="the ONNX node tests are read with onnx (test extra)")
+from onnx import numpy_helper  # noqa: E402
+
+NODE_TESTS = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "onnx-node-tests"
+CASES = sorted(p.name for p in NODE_TESTS.iterdir() if p.is_dir()) if NODE_TESTS.is_dir() else []
+
+
+def test_node_tests_present():
+    assert len(CASES) == 33, f"expected the 33 folders of ../shared/onnx-node-tests, found {len(CASES)}"
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def _load_case(name):
+    folder = NODE_TESTS / name
+    model = onnx.load(str(folder / "model.onnx"))
+    data = folder / "test_data_set_0"
+    inputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("input_*.pb"))]
+    outputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("output_*.pb"))]
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    return model, inputs, outputs, opset
+
+
+def _run_graph(model, inputs, opset):
+    """Run a single-node graph through run_op."""
+    graph = model.graph
+    values = {vi.name: arr for vi, arr in zip(graph.input, inputs)}
+    for node in graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        args = [values[n] if n else None for n in node.input]
+        results = qemu_q.run_op(node.op_type, args, attrs, opset)
+        values.update(zip(node.output, results))
+    return [values[o.name] for o in graph.output]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_node_case(name):
+    model, inputs, expected, opset = _load_case(name)
+    if name.endswith("_expanded"):
+        # The expanded form is DynamicQuantizeLinear written out as a graph of Reduce/Div/
+        # Round/... nodes; its inputs and expected outputs are those of the op itself.
+        assert name.startswith("test_dynamicquantizelinear")
+        got = qemu_q.run_op("DynamicQuantizeLinear", inputs, {}, 11)
+    else:
+        assert len(model.graph.node) == 1
+        got = _run_graph(model, inputs, opset)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype, (g.dtype, e.dtype)
+        assert g.shape == e.shape, (g.shape, e.shape)
+        np.testing.assert_array_equal(_bits(g), _bits(e))
