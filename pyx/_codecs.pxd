@@ -231,15 +231,20 @@ cdef inline uint16_t pack_value_format(float v, int value_format) noexcept nogil
 cdef inline int encode_integer(float q, float zero_point, float lo, float hi, int mask) noexcept nogil:
     # q is the quotient already rounded to the division precision. Round half to even,
     # add the zero point, saturate; NaN lands on lo because every comparison with it fails.
-    cdef float two_23 = 8388608.0  # typed: a double literal would promote the sum to double
-    cdef float a = fabsf(q)
-    cdef float r = q
-    if a < two_23:
-        r = copysignf((a + two_23) - two_23, q)
-    r = r + zero_point
-    r = r if r >= lo else lo
-    r = r if r <= hi else hi
-    return (<int>r) & mask
+    return (round_clamped(q, lo - zero_point, hi - zero_point) + <int>zero_point) & mask
+
+
+cdef inline int round_clamped(float q, float q_lo, float q_hi) noexcept nogil:
+    # RNE(clamp(q, q_lo, q_hi)) for integer bounds with |q_lo|, |q_hi| < 2**22; NaN gives
+    # q_lo (both comparisons fail). Clamping first and rounding after is the same as
+    # rounding first: the bounds are integers and rounding is monotonic. Adding 1.5 * 2**23
+    # puts the clamped value in [2**23, 2**24), where the float32 ulp is 1: the FPU rounds
+    # it to an integer (ties to even, the default mode) and the integer sits in the low
+    # mantissa bits. Branch-free, so the loops around it vectorize.
+    cdef float magic = 12582912.0  # typed: a double literal would promote the sum
+    q = q if q >= q_lo else q_lo
+    q = q if q <= q_hi else q_hi
+    return <int>(<int32_t>float_bits(q + magic) - <int32_t>0x4B400000)
 
 
 cdef inline int encode_small_float(double q, const SmallFloatFormat* f, bint saturate) noexcept nogil:
@@ -287,3 +292,82 @@ cdef inline double decode_small_float(int code, const SmallFloatFormat* f) noexc
     if code & sign_bit:
         v = -v  # the FNUZ NaN 0x80 included: NaN codes keep their sign bit
     return v
+
+
+# Encoding a float32 value into a small float with integer operations on its bits: the
+# per-format constants are loop invariants, so one branch-free loop serves every format
+# and vectorizes (uniform shifts, compares, selects). Bit-exact with encode_small_float for
+# every float32 input (the exhaustive tests run both).
+cdef struct SmallFloat32Encoder:
+    int32_t shift          # 23 - mantissa bits
+    int32_t round_bias     # half an ulp of the target, minus one, in float32 mantissa units
+    int32_t exponent_offset  # (127 - bias) << mantissa_bits
+    int32_t min_normal_bits  # float32 bits of the smallest normal
+    float subnormal_magic  # 2**(min_exponent - mantissa_bits + 23): its ulp is the smallest subnormal
+    int32_t subnormal_magic_bits
+    int32_t sign_shift     # width - 1: where the sign bit goes
+    int32_t max_code
+    int32_t overflow_code  # code of an overflow, without the sign
+    int32_t overflow_sign  # all ones when an overflow keeps the sign (+-max, +-inf), else 0
+    int32_t zero_sign      # all ones when -0 exists, 0 for FNUZ
+    int32_t nan_value      # the canonical NaN, or +max for formats without NaN
+
+
+cdef inline SmallFloat32Encoder small_float32_encoder(int fmt_id, bint saturate) noexcept nogil:
+    cdef SmallFloatFormat f = small_float_format(fmt_id)
+    cdef SmallFloat32Encoder e
+    e.shift = 23 - f.mantissa_bits
+    e.round_bias = (1 << (e.shift - 1)) - 1
+    e.exponent_offset = (127 - f.bias) << f.mantissa_bits
+    e.min_normal_bits = (f.min_exponent + 127) << 23
+    e.subnormal_magic_bits = (f.min_exponent - f.mantissa_bits + 23 + 127) << 23
+    e.subnormal_magic = bits_float(<uint32_t>e.subnormal_magic_bits)
+    e.sign_shift = f.width - 1
+    e.max_code = f.max_code
+    if saturate or (f.nan_code < 0 and f.inf_code < 0):
+        e.overflow_code = f.max_code
+        e.overflow_sign = -1
+    elif f.inf_code >= 0:
+        e.overflow_code = f.inf_code
+        e.overflow_sign = -1
+    else:
+        e.overflow_code = f.nan_code
+        e.overflow_sign = 0
+    e.zero_sign = 0 if f.unsigned_zero else -1
+    e.nan_value = f.nan_code if f.nan_code >= 0 else f.max_code
+    return e
+
+
+cdef inline int32_t select_i32(bint condition, int32_t if_true, int32_t if_false) noexcept nogil:
+    # A select written with masks: both operands are computed whatever the condition, so
+    # the compiler cannot sink a floating-point operation into a branch (which, with
+    # trapping math, it may not speculate back out, and the loop would not vectorize).
+    cdef int32_t m = -(<int32_t>condition)
+    return (if_true & m) | (if_false & ~m)
+
+
+cdef inline int encode_small_float32(float q, const SmallFloat32Encoder* e) noexcept nogil:
+    # Every operand is computed before the selects, which then pick between plain values:
+    # the compiler turns them into blends instead of branches.
+    cdef int32_t u = <int32_t>float_bits(q)
+    cdef int32_t sign = <int32_t>((<uint32_t>u >> 31) << e.sign_shift)
+    cdef int32_t a = u & 0x7FFFFFFF
+    # Normal results: round the float32 mantissa to the target's width, ties to even, on
+    # the bits; a carry out of the mantissa correctly bumps the exponent.
+    cdef uint32_t rounded = <uint32_t>a + <uint32_t>e.round_bias + ((<uint32_t>a >> e.shift) & 1)
+    cdef int32_t normal = <int32_t>(rounded >> e.shift) - e.exponent_offset
+    # Subnormal results: |q| + magic lands in a binade whose ulp is the smallest subnormal,
+    # so the FPU's rounding (ties to even) counts subnormal steps; 2**m steps is the
+    # smallest normal, whose code is 2**m too.
+    cdef int32_t sub = <int32_t>float_bits(bits_float(<uint32_t>a) + e.subnormal_magic) - e.subnormal_magic_bits
+    cdef int32_t min_normal_bits = e.min_normal_bits
+    cdef int32_t max_code = e.max_code
+    cdef int32_t zero = sign & e.zero_sign
+    cdef int32_t overflow = e.overflow_code | (sign & e.overflow_sign)
+    cdef int32_t nan = e.nan_value
+    cdef int32_t magnitude = select_i32(a < min_normal_bits, sub, normal)
+    cdef int32_t code = sign | magnitude
+    code = code if magnitude != 0 else zero
+    code = code if magnitude <= max_code else overflow
+    code = code if a <= 0x7F800000 else nan
+    return code

@@ -1,20 +1,34 @@
 # DequantizeLinear kernels: y = (x - zero_point) * scale, rounded once to the output type
 # (which, from version 19 on, is also the precision of the multiplication).
+#
+# Codes come one per element, or packed in the ONNX layout (unpacked piece by piece into
+# a stack buffer). Integer codes of 8 bits or fewer are decoded arithmetically (a
+# sign-extending shift pair) so that the float32 loop vectorizes; small-float codes go
+# through a 256-entry table.
+
+import numpy as np
 
 from cython.parallel cimport prange
 from libc.math cimport fabs, fma
-from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t
 
 from _codecs cimport (
     y_storage_t, SmallFloatFormat, small_float_format, decode_small_float,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, round_to_value_format,
     pack_value_format,
 )
-from _layout cimport Layout, Segment, make_layout, layout_tasks, next_segment
+from _layout cimport (
+    Layout, Segment, Cursor, RUN_CHUNK, make_layout, layout_tasks, cursor_at, next_segment,
+)
+from _subbyte cimport unpack_codes
+
+cdef enum:
+    # Codes unpacked into a stack buffer before they are dequantized: a multiple of 8.
+    UNPACK_BUFFER = 4096
 
 
 # Storage of DequantizeLinear's x: 8-bit codes of every kind (decoded through a 256-entry
-# table), 16-bit integers, int32.
+# table, or arithmetically for integers), 16-bit integers, int32.
 ctypedef fused dq_code_t:
     uint8_t
     uint16_t
@@ -23,17 +37,35 @@ ctypedef fused dq_code_t:
 
 cdef struct DequantizePlan:
     const float* table      # value of each 8-bit code
+    bint integer_bytes      # 8-bit storage of an integer type: decode arithmetically
+    int code_shift          # 32 - bits: the code's bits are moved to the top of an int32 ...
+    bint code_signed        # ... and back, arithmetically (signed) or logically (unsigned)
     bint signed16           # uint16_t storage holds int16
     int out_format
+    bint fast               # False forces the table and the general loops (tests)
+    Layout layout
+    const double* scale
+    const double* zero_point
+    const float* scale32       # float32 copies, exact where the output is float32
+    const float* zero_point32
 
 
-cdef inline float code_value(dq_code_t c, const DequantizePlan* p) noexcept nogil:
+cdef inline float code_value(dq_code_t c, const float* table, bint signed16) noexcept nogil:
     if dq_code_t is uint8_t:
-        return p.table[c]
+        return table[c]
     elif dq_code_t is uint16_t:
-        return <float>(<int16_t>c) if p.signed16 else <float>c
+        return <float>(<int16_t>c) if signed16 else <float>c
     else:
         return <float>c  # unused: int32 codes take the exact path
+
+
+cdef inline int32_t integer_code(uint8_t c, int shift, bint signed) noexcept nogil:
+    # The value of a `32 - shift`-bit integer code stored in a byte (bits above it ignored,
+    # as ml_dtypes does): shifted to the top of an int32 and back.
+    cdef uint32_t top = (<uint32_t>c) << shift
+    if signed:
+        return (<int32_t>top) >> shift
+    return <int32_t>(top >> shift)
 
 
 cdef inline float dequantize_int32(int32_t c, double scale, double zero_point, int out_format) noexcept nogil:
@@ -54,80 +86,191 @@ cdef inline void store(y_storage_t* y, Py_ssize_t i, float v, int out_format) no
         y[i] = pack_value_format(v, out_format)
 
 
-cdef inline void dequantize_run(const dq_code_t* x, y_storage_t* y, Py_ssize_t n,
-                                const double* scale, const double* zero_point, bint params_vary,
-                                const DequantizePlan* plan) noexcept nogil:
-    # A stack copy of the plan: stores through y must not force reloads of its fields.
-    cdef DequantizePlan p = plan[0]
+cdef inline void run_integer_bytes_f32(const uint8_t* x, float* y, Py_ssize_t n, const float* scale,
+                                       const float* zero_point, bint params_vary, int shift,
+                                       bint signed) noexcept nogil:
+    # Integer codes of 8 bits or fewer, float32 output: x - zero_point is an exact small
+    # integer and its float32 product with a float32 scale is the correctly rounded exact
+    # product. No NaN can come from the code.
+    cdef Py_ssize_t i
+    cdef float s, z
+    if params_vary:
+        if signed:
+            for i in range(n):
+                y[i] = (<float>integer_code(x[i], shift, True) - zero_point[i]) * scale[i]
+        else:
+            for i in range(n):
+                y[i] = (<float>integer_code(x[i], shift, False) - zero_point[i]) * scale[i]
+    else:
+        s = scale[0]
+        z = zero_point[0]
+        if signed:
+            for i in range(n):
+                y[i] = (<float>integer_code(x[i], shift, True) - z) * s
+        else:
+            for i in range(n):
+                y[i] = (<float>integer_code(x[i], shift, False) - z) * s
+
+
+cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, Py_ssize_t param_index,
+                             bint params_vary, const DequantizePlan* p) noexcept nogil:
+    # Everything the loops need is read into locals first: stores through y (a character
+    # type may alias anything) must not force reloads of the plan's fields.
+    cdef const double* scale = p.scale + param_index
+    cdef const double* zero_point = p.zero_point + param_index
+    cdef const float* scale32 = p.scale32 + param_index
+    cdef const float* zero_point32 = p.zero_point32 + param_index
+    cdef const float* table = p.table
+    cdef bint signed16 = p.signed16
+    cdef int out_format = p.out_format
     cdef Py_ssize_t i, k
     cdef float d, v
-    cdef float s = <float>scale[0]
-    cdef float z = <float>zero_point[0]
+    cdef float s = scale32[0]
+    cdef float z = zero_point32[0]
     if dq_code_t is int32_t:
         for i in range(n):
             k = i if params_vary else 0
-            store(y, i, dequantize_int32(x[i], scale[k], zero_point[k], p.out_format), p.out_format)
+            store(y, i, dequantize_int32(x[i], scale[k], zero_point[k], out_format), out_format)
         return
     if y_storage_t is float:
+        if dq_code_t is uint8_t:
+            if p.integer_bytes and p.fast:
+                run_integer_bytes_f32(x, y, n, scale32, zero_point32, params_vary, p.code_shift,
+                                      p.code_signed)
+                return
         # Codes and zero points below 2**17 and 4-bit-mantissa small floats make x - zp
         # exact in float32, and the float32 product of it with a float32 scale is the
         # correctly rounded exact product. A NaN code wins over a NaN scale, whatever
         # operand order the vectoriser picks.
         if params_vary:
             for i in range(n):
-                d = code_value(x[i], &p) - <float>zero_point[i]
-                v = d * <float>scale[i]
+                d = code_value(x[i], table, signed16) - zero_point32[i]
+                v = d * scale32[i]
                 y[i] = v if d == d else d
         else:
             for i in range(n):
-                d = code_value(x[i], &p) - z
+                d = code_value(x[i], table, signed16) - z
                 v = d * s
                 y[i] = v if d == d else d
         return
     # float16 / bfloat16 outputs: the exact product in double (at most 41 bits), rounded once.
     for i in range(n):
         k = i if params_vary else 0
-        d = code_value(x[i], &p) - <float>zero_point[k]
-        v = round_to_value_format(<double>d * scale[k], 0.0, p.out_format) if d == d else d
-        y[i] = pack_value_format(v, p.out_format)
+        d = code_value(x[i], table, signed16) - <float>zero_point[k]
+        v = round_to_value_format(<double>d * scale[k], 0.0, out_format) if d == d else d
+        y[i] = pack_value_format(v, out_format)
 
 
-cdef inline void dequantize_task(const dq_code_t* x, y_storage_t* y, const double* scale,
-                                 const double* zero_point, const Layout* layout,
-                                 const DequantizePlan* p, Py_ssize_t task) noexcept nogil:
+cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
+                                  Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
+    # Elements [start, end), codes read from x[0 : end - start], into y[start : end].
+    cdef Cursor c
     cdef Segment seg
-    cdef Py_ssize_t k = 0
-    while next_segment(layout, task, k, &seg):
-        dequantize_run(x + seg.start, y + seg.start, seg.length, scale + seg.param_index,
-                       zero_point + seg.param_index, seg.params_vary, p)
-        k += 1
+    cursor_at(&p.layout, start, end, &c)
+    while next_segment(&p.layout, &c, &seg):
+        run_segment(x + (seg.start - start), y + seg.start, seg.length, seg.param_index,
+                    seg.params_vary, p)
+
+
+cdef inline void dequantize_task(const dq_code_t* x, y_storage_t* y, const DequantizePlan* p,
+                                 Py_ssize_t task) noexcept nogil:
+    cdef Py_ssize_t start = task * RUN_CHUNK
+    cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
+    dequantize_range(x + start, y, start, end, p)
+
+
+cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_storage_t* y,
+                                        const DequantizePlan* p, Py_ssize_t task) noexcept nogil:
+    cdef uint8_t buffer[UNPACK_BUFFER]
+    cdef Py_ssize_t start = task * RUN_CHUNK
+    cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
+    cdef Py_ssize_t piece, piece_end
+    piece = start
+    while piece < end:
+        piece_end = min(piece + <Py_ssize_t>UNPACK_BUFFER, end)
+        unpack_codes(packed + piece * bits // 8, piece_end - piece, buffer, bits)
+        dequantize_range(buffer, y, piece, piece_end, p)
+        piece = piece_end
+
+
+cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
+                              const float[::1] scale32, const float[::1] zero_point32,
+                              Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
+                              int granularity, Py_ssize_t block_size, const float[::1] table,
+                              int integer_bits, bint integer_signed, bint signed16, int out_format,
+                              bint fast):
+    cdef DequantizePlan p
+    p.layout = make_layout(size, outer, axis_len, inner, granularity, block_size)
+    p.table = &table[0]
+    p.integer_bytes = 0 < integer_bits <= 8
+    p.code_shift = 32 - integer_bits if p.integer_bytes else 0
+    p.code_signed = integer_signed
+    p.signed16 = signed16
+    p.out_format = out_format
+    p.fast = fast
+    p.scale = &scale[0]
+    p.zero_point = &zero_point[0]
+    p.scale32 = &scale32[0]
+    p.zero_point32 = &zero_point32[0]
+    return p
 
 
 def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1] zero_point,
                y_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                int granularity, Py_ssize_t block_size, const float[::1] table, bint signed16,
-               int out_format, int n_threads):
+               int out_format, int n_threads, int integer_bits=0, bint integer_signed=False,
+               bint fast=True):
     """Dequantize codes x (flattened, C order, outer x axis_len x inner) into `out`.
 
-    8-bit codes are decoded through `table` (256 values); 16-bit codes are int16 when
-    `signed16`. `out` holds float32 values or float16/bfloat16 bit patterns (out_format).
+    8-bit codes are decoded through `table` (256 values), or, for an integer type of
+    `integer_bits` <= 8 bits, arithmetically; 16-bit codes are int16 when `signed16`.
+    `out` holds float32 values or float16/bfloat16 bit patterns (out_format). `fast=False`
+    forces the table and the general loops (the tests compare the two).
     """
+    cdef Py_ssize_t size = x.shape[0]
+    cdef Py_ssize_t task, n_tasks
     cdef DequantizePlan p
-    cdef Layout layout = make_layout(x.shape[0], outer, axis_len, inner, granularity, block_size)
-    cdef Py_ssize_t n_tasks = layout_tasks(&layout)
-    cdef Py_ssize_t task
-    p.table = &table[0]
-    p.signed16 = signed16
-    p.out_format = out_format
-    if n_tasks == 0:
+    if size == 0:
         return
-    if n_threads > 1:
+    scale32 = np.asarray(scale, dtype=np.float32)
+    zero_point32 = np.asarray(zero_point, dtype=np.float32)
+    p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
+                  granularity, block_size, table, integer_bits, integer_signed, signed16,
+                  out_format, fast)
+    n_tasks = layout_tasks(&p.layout)
+    if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='static', num_threads=n_threads):
-            dequantize_task(&x[0], &out[0], &scale[0], &zero_point[0], &layout, &p, task)
+            dequantize_task(&x[0], &out[0], &p, task)
     else:
         with nogil:
             for task in range(n_tasks):
-                dequantize_task(&x[0], &out[0], &scale[0], &zero_point[0], &layout, &p, task)
+                dequantize_task(&x[0], &out[0], &p, task)
+
+
+def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, const double[::1] scale,
+                      const double[::1] zero_point, y_storage_t[::1] out, Py_ssize_t outer,
+                      Py_ssize_t axis_len, Py_ssize_t inner, int granularity, Py_ssize_t block_size,
+                      const float[::1] table, int out_format, int n_threads, int integer_bits=0,
+                      bint integer_signed=False, bint fast=True):
+    """As `dequantize`, reading `size` codes of `bits` bits (2, 4 or 6) from the ONNX
+    raw_data layout in `packed`."""
+    cdef Py_ssize_t task, n_tasks
+    cdef DequantizePlan p
+    if size == 0:
+        return
+    scale32 = np.asarray(scale, dtype=np.float32)
+    zero_point32 = np.asarray(zero_point, dtype=np.float32)
+    p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
+                  granularity, block_size, table, integer_bits, integer_signed, False,
+                  out_format, fast)
+    n_tasks = layout_tasks(&p.layout)
+    if n_threads > 1 and n_tasks > 1:
+        for task in prange(n_tasks, nogil=True, schedule='static', num_threads=n_threads):
+            dequantize_packed_task(&packed[0], bits, &out[0], &p, task)
+    else:
+        with nogil:
+            for task in range(n_tasks):
+                dequantize_packed_task(&packed[0], bits, &out[0], &p, task)
 
 
 def decode_table(int small_float_id):
@@ -135,7 +278,6 @@ def decode_table(int small_float_id):
     cdef SmallFloatFormat f = small_float_format(small_float_id)
     cdef int n = 1 << f.width
     cdef int code
-    import numpy as np
     values = np.zeros(256, dtype=np.float32)
     cdef float[::1] view = values
     for code in range(256):

@@ -1,11 +1,17 @@
 # How a kernel splits a tensor into tasks for the thread team, and each task into segments:
 # contiguous runs of elements whose scale and zero point are either one value or a
 # contiguous run of values. Shared by the quantize and dequantize kernels.
+#
+# A task is a flat range of element indices. Every element is computed on its own, so
+# the bits never depend on where the ranges fall (or on the thread count); a cursor walks
+# the range segment by segment with additions only, so that short segments (blocks of 32,
+# rows of a few channels) do not pay an integer division each.
 
 cdef enum:
-    # Elements per task where the work is a flat run: large enough to amortise the
-    # scheduling, small enough to balance up to sixteen threads on megabyte tensors.
-    RUN_CHUNK = 16384
+    # Elements per task: large enough to amortise the scheduling, small enough to balance
+    # up to sixteen threads on megabyte tensors. A multiple of 4, so that tasks start on
+    # whole bytes of every packed layout (2 codes per byte, 4 per byte, 4 codes in 3 bytes).
+    RUN_CHUNK = 32768
 
 cdef enum Granularity:
     PER_TENSOR = 0
@@ -20,7 +26,6 @@ cdef struct Layout:
     Py_ssize_t inner       # product of the dimensions after the axis
     Py_ssize_t block_size
     Py_ssize_t n_blocks
-    Py_ssize_t axis_chunks # RUN_CHUNK pieces of a row when the axis is innermost
     int granularity
 
 
@@ -29,6 +34,18 @@ cdef struct Segment:
     Py_ssize_t length
     Py_ssize_t param_index  # index of the first scale / zero point
     bint params_vary        # scale[param_index + i] for element start + i, else one value
+
+
+cdef struct Cursor:
+    # Position of element `pos` as (outer index o, axis index j, inner index r), with
+    # j = block * block_size + in_block.
+    Py_ssize_t pos
+    Py_ssize_t end
+    Py_ssize_t o
+    Py_ssize_t j
+    Py_ssize_t r
+    Py_ssize_t block
+    Py_ssize_t in_block
 
 
 cdef inline Layout make_layout(Py_ssize_t size, Py_ssize_t outer, Py_ssize_t axis_len,
@@ -41,66 +58,98 @@ cdef inline Layout make_layout(Py_ssize_t size, Py_ssize_t outer, Py_ssize_t axi
     L.granularity = granularity
     L.block_size = block_size if block_size > 0 else 1
     L.n_blocks = (axis_len + L.block_size - 1) // L.block_size
-    L.axis_chunks = (axis_len + RUN_CHUNK - 1) // RUN_CHUNK
     return L
 
 
 cdef inline Py_ssize_t layout_tasks(const Layout* L) noexcept nogil:
-    if L.size == 0:
-        return 0
-    if L.granularity == PER_TENSOR:
-        return (L.size + RUN_CHUNK - 1) // RUN_CHUNK
-    if L.inner > 1:
-        return L.outer * L.axis_len
-    return L.outer * L.axis_chunks
+    return (L.size + RUN_CHUNK - 1) // RUN_CHUNK
 
 
-cdef inline bint next_segment(const Layout* L, Py_ssize_t task, Py_ssize_t k, Segment* s) noexcept nogil:
-    # Fills the k-th segment of `task`; False when the task has no more.
-    cdef Py_ssize_t o, j, chunk_end, b
+cdef inline void cursor_at(const Layout* L, Py_ssize_t start, Py_ssize_t end, Cursor* c) noexcept nogil:
+    # The divisions happen once per task, here.
+    cdef Py_ssize_t row
+    c.pos = start
+    c.end = end
     if L.granularity == PER_TENSOR:
-        if k > 0:
-            return False
-        s.start = task * RUN_CHUNK
-        s.length = min(<Py_ssize_t>RUN_CHUNK, L.size - s.start)
+        c.o = 0; c.j = 0; c.r = 0; c.block = 0; c.in_block = 0
+        return
+    row = start // L.inner
+    c.r = start - row * L.inner
+    c.o = row // L.axis_len
+    c.j = row - c.o * L.axis_len
+    c.block = c.j // L.block_size
+    c.in_block = c.j - c.block * L.block_size
+
+
+cdef inline void cursor_step_axis(const Layout* L, Cursor* c) noexcept nogil:
+    # Move to the next axis index (the inner index is back at 0).
+    c.j += 1
+    c.in_block += 1
+    if c.in_block == L.block_size:
+        c.in_block = 0
+        c.block += 1
+    if c.j == L.axis_len:
+        c.j = 0
+        c.block = 0
+        c.in_block = 0
+        c.o += 1
+
+
+cdef inline bint next_segment(const Layout* L, Cursor* c, Segment* s) noexcept nogil:
+    # Fills the segment at the cursor and advances past it; False at the end of the range.
+    cdef Py_ssize_t left = c.end - c.pos
+    cdef Py_ssize_t n
+    if left <= 0:
+        return False
+    s.start = c.pos
+    if L.granularity == PER_TENSOR:
+        s.length = left
         s.param_index = 0
         s.params_vary = False
+        c.pos = c.end
         return True
     if L.inner > 1:
-        # One task per (outer, axis) row of `inner` contiguous elements.
-        if k > 0:
-            return False
-        o = task // L.axis_len
-        j = task - o * L.axis_len
-        s.start = task * L.inner
-        s.length = L.inner
+        # Within one (outer, axis) row of `inner` contiguous elements.
+        n = min(L.inner - c.r, left)
+        s.length = n
         if L.granularity == PER_AXIS:
-            s.param_index = j
+            s.param_index = c.j
             s.params_vary = False
         else:
-            s.param_index = (o * L.n_blocks + j // L.block_size) * L.inner
+            s.param_index = (c.o * L.n_blocks + c.block) * L.inner + c.r
             s.params_vary = True
+        c.pos += n
+        c.r += n
+        if c.r == L.inner:
+            c.r = 0
+            cursor_step_axis(L, c)
         return True
-    # The axis is innermost: a task is a RUN_CHUNK piece of one row.
-    o = task // L.axis_chunks
-    j = (task - o * L.axis_chunks) * RUN_CHUNK
-    chunk_end = min(j + <Py_ssize_t>RUN_CHUNK, L.axis_len)
+    # The axis is innermost.
     if L.granularity == PER_AXIS:
-        if k > 0:
-            return False
-        s.start = o * L.axis_len + j
-        s.length = chunk_end - j
-        s.param_index = j
+        n = min(L.axis_len - c.j, left)
+        s.length = n
+        s.param_index = c.j
         s.params_vary = True
+        c.pos += n
+        c.j += n
+        if c.j == L.axis_len:
+            c.j = 0
+            c.o += 1
         return True
-    # Blocked along the innermost axis: one segment per block met by the chunk, the first
-    # and last clipped to it (RUN_CHUNK need not be a multiple of the block size).
-    b = j // L.block_size + k
-    if b * L.block_size >= chunk_end:
-        return False
-    s.start = max(b * L.block_size, j)
-    s.length = min((b + 1) * L.block_size, chunk_end) - s.start
-    s.start += o * L.axis_len
-    s.param_index = o * L.n_blocks + b
+    # Blocked along the innermost axis: the rest of the current block.
+    n = min(min(L.block_size - c.in_block, L.axis_len - c.j), left)
+    s.length = n
+    s.param_index = c.o * L.n_blocks + c.block
     s.params_vary = False
+    c.pos += n
+    c.j += n
+    c.in_block += n
+    if c.j == L.axis_len:
+        c.j = 0
+        c.block = 0
+        c.in_block = 0
+        c.o += 1
+    elif c.in_block == L.block_size:
+        c.in_block = 0
+        c.block += 1
     return True

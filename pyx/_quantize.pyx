@@ -1,22 +1,42 @@
 # QuantizeLinear kernels: per-tensor, per-axis and blocked, for every x storage and every
-# quantized encoding. The Python layer (qemu_q/_ops.py) validates, resolves the op version
-# and hands over contiguous arrays, double-precision scales and zero points.
+# quantized encoding, into one code per element or straight into the packed ONNX layout.
+# The Python layer (qemu_q/_ops.py) validates, resolves the op version and hands over
+# contiguous arrays, double-precision scales and zero points.
+#
+# The common case, float32 x divided in float32, has its own branch-free loops (integer
+# codes, small-float codes) that the compiler vectorizes; everything else goes through the
+# general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
+
+import numpy as np
 
 from cython.parallel cimport prange
 from libc.stdint cimport uint8_t, uint16_t, int32_t
 
-from _layout cimport Layout, Segment, make_layout, layout_tasks, next_segment
-
+from _layout cimport (
+    Layout, Segment, Cursor, RUN_CHUNK, make_layout, layout_tasks, cursor_at, next_segment,
+)
 from _codecs cimport (
     x_storage_t, code_storage_t, SmallFloatFormat, small_float_format,
-    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER,
+    SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
+    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT,
     float16_to_float, bfloat16_to_float, round_to_value_format,
-    encode_integer, encode_small_float,
+    encode_integer, round_clamped, encode_small_float,
 )
+from _subbyte cimport pack_codes
 
-# Elements per task where the work is a flat run: large enough to amortise the
-# scheduling, small enough to balance two to sixteen threads on megabyte tensors.
+cdef enum:
+    # Codes quantized into a stack buffer (L1-resident) before they are packed: a multiple
+    # of 8, so that every piece starts on a whole byte of every packed layout.
+    PACK_BUFFER = 4096
+
+cdef enum Path:
+    PATH_GENERAL = 0
+    PATH_F32_INTEGER = 1      # float32 x, float32 division, integer codes
+    PATH_F32_SMALL_FLOAT = 2  # float32 x, float32 division, 8-bit-stored small-float codes
+
+
 cdef struct QuantizePlan:
+    int path
     int x_format
     int precision
     bint fast_divide
@@ -26,6 +46,12 @@ cdef struct QuantizePlan:
     int mask
     bint saturate
     SmallFloatFormat small_float
+    SmallFloat32Encoder encoder
+    Layout layout
+    const double* scale
+    const double* zero_point
+    const float* scale32       # the same values as float32 (exact on the float32 paths)
+    const float* zero_point32
 
 
 cdef inline double load_double(x_storage_t v, int x_format) noexcept nogil:
@@ -58,25 +84,14 @@ cdef inline int quantize_one(x_storage_t v, double scale, double zero_point, con
     return encode_small_float(q + <float>zero_point, &p.small_float, p.saturate)
 
 
-cdef inline void quantize_run(const x_storage_t* x, code_storage_t* y, Py_ssize_t n,
-                              const double* scale, const double* zero_point, bint scale_varies,
-                              const QuantizePlan* plan) noexcept nogil:
+cdef inline void run_general(const x_storage_t* x, code_storage_t* y, Py_ssize_t n,
+                             const double* scale, const double* zero_point, bint params_vary,
+                             const QuantizePlan* plan) noexcept nogil:
     # The plan is copied to the stack: stores through y (a character type may alias
     # anything) would otherwise force the compiler to reload every field per element.
     cdef QuantizePlan p = plan[0]
     cdef Py_ssize_t i
-    cdef float s = <float>scale[0]
-    cdef float z = <float>zero_point[0]
-    if x_storage_t is float:
-        if p.fast_divide and p.code_kind == CODE_INTEGER:
-            if scale_varies:
-                for i in range(n):
-                    y[i] = <code_storage_t>encode_integer(x[i] / <float>scale[i], <float>zero_point[i], p.lo, p.hi, p.mask)
-            else:
-                for i in range(n):
-                    y[i] = <code_storage_t>encode_integer(x[i] / s, z, p.lo, p.hi, p.mask)
-            return
-    if scale_varies:
+    if params_vary:
         for i in range(n):
             y[i] = <code_storage_t>quantize_one(x[i], scale[i], zero_point[i], &p)
     else:
@@ -84,33 +99,103 @@ cdef inline void quantize_run(const x_storage_t* x, code_storage_t* y, Py_ssize_
             y[i] = <code_storage_t>quantize_one(x[i], scale[0], zero_point[0], &p)
 
 
-cdef inline void quantize_task(const x_storage_t* x, code_storage_t* y, const double* scale,
-                               const double* zero_point, const Layout* layout,
-                               const QuantizePlan* p, Py_ssize_t task) noexcept nogil:
+cdef inline void run_f32_integer(const float* x, code_storage_t* y, Py_ssize_t n,
+                                 const float* scale, const float* zero_point, bint params_vary,
+                                 float lo, float hi, int mask) noexcept nogil:
+    # One float32 division (the correctly rounded quotient), then the branch-free
+    # clamp-and-round of round_clamped: divps, two compares/blends, an add, a subtract.
+    cdef Py_ssize_t i
+    cdef float s, z, q_lo, q_hi
+    cdef int zi
+    if params_vary:
+        for i in range(n):
+            z = zero_point[i]
+            y[i] = <code_storage_t>((round_clamped(x[i] / scale[i], lo - z, hi - z) + <int>z) & mask)
+    else:
+        s = scale[0]
+        z = zero_point[0]
+        q_lo = lo - z
+        q_hi = hi - z
+        zi = <int>z
+        for i in range(n):
+            y[i] = <code_storage_t>((round_clamped(x[i] / s, q_lo, q_hi) + zi) & mask)
+
+
+cdef inline void run_f32_small_float(const float* x, uint8_t* y, Py_ssize_t n,
+                                     const float* scale, const float* zero_point, bint params_vary,
+                                     const SmallFloat32Encoder* encoder) noexcept nogil:
+    # The zero point (+0 or -0) is added as the formula says: it decides the sign of an
+    # exact zero quotient.
+    cdef SmallFloat32Encoder e = encoder[0]
+    cdef Py_ssize_t i
+    cdef float s, z
+    if params_vary:
+        for i in range(n):
+            y[i] = <uint8_t>encode_small_float32(x[i] / scale[i] + zero_point[i], &e)
+    else:
+        s = scale[0]
+        z = zero_point[0]
+        for i in range(n):
+            y[i] = <uint8_t>encode_small_float32(x[i] / s + z, &e)
+
+
+cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t n,
+                             Py_ssize_t param_index, bint params_vary, const QuantizePlan* p) noexcept nogil:
+    if x_storage_t is float:
+        if p.path == PATH_F32_INTEGER:
+            run_f32_integer(x, y, n, p.scale32 + param_index, p.zero_point32 + param_index,
+                            params_vary, p.lo, p.hi, p.mask)
+            return
+        if code_storage_t is uint8_t:
+            if p.path == PATH_F32_SMALL_FLOAT:
+                run_f32_small_float(x, y, n, p.scale32 + param_index, p.zero_point32 + param_index,
+                                    params_vary, &p.encoder)
+                return
+    run_general(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary, p)
+
+
+cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
+                                Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
+    # Elements [start, end) into y[0 : end - start].
+    cdef Cursor c
     cdef Segment seg
-    cdef Py_ssize_t k = 0
-    while next_segment(layout, task, k, &seg):
-        quantize_run(x + seg.start, y + seg.start, seg.length, scale + seg.param_index,
-                     zero_point + seg.param_index, seg.params_vary, p)
-        k += 1
+    cursor_at(&p.layout, start, end, &c)
+    while next_segment(&p.layout, &c, &seg):
+        run_segment(x + seg.start, y + (seg.start - start), seg.length, seg.param_index,
+                    seg.params_vary, p)
 
 
-def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
-             code_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
-             int granularity, Py_ssize_t block_size, int x_format, int precision,
-             bint fast_divide, int code_kind, double lo, double hi, int mask,
-             int small_float_id, bint saturate, int n_threads):
-    """Quantize x (flattened, C order, viewed as outer x axis_len x inner) into `out`.
+cdef inline void quantize_task(const x_storage_t* x, code_storage_t* y, const QuantizePlan* p,
+                               Py_ssize_t task) noexcept nogil:
+    cdef Py_ssize_t start = task * RUN_CHUNK
+    cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
+    quantize_range(x, y + start, start, end, p)
 
-    scale and zero_point hold one value per tensor, per axis index, or per block
-    (outer x n_blocks x inner). Integer codes are clamped to [lo, hi] and masked with
-    `mask` (the storage of int4/int2 keeps only the low bits); small-float codes follow
-    `small_float_id` and `saturate`.
-    """
+
+cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int bits,
+                                      const QuantizePlan* p, Py_ssize_t task) noexcept nogil:
+    # Quantize a cache-sized piece into a stack buffer, pack it, go on: the one-per-byte
+    # codes never reach memory.
+    cdef uint8_t buffer[PACK_BUFFER]
+    cdef Py_ssize_t start = task * RUN_CHUNK
+    cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
+    cdef Py_ssize_t piece, piece_end
+    piece = start
+    while piece < end:
+        piece_end = min(piece + <Py_ssize_t>PACK_BUFFER, end)
+        quantize_range(x, buffer, piece, piece_end, p)
+        pack_codes(buffer, piece_end - piece, packed + piece * bits // 8, bits)
+        piece = piece_end
+
+
+cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
+                            const float[::1] scale32, const float[::1] zero_point32,
+                            Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
+                            int granularity, Py_ssize_t block_size, int x_format, int precision,
+                            bint fast_divide, int code_kind, double lo, double hi, int mask,
+                            int small_float_id, bint saturate, int path):
     cdef QuantizePlan p
-    cdef Layout layout = make_layout(x.shape[0], outer, axis_len, inner, granularity, block_size)
-    cdef Py_ssize_t n_tasks = layout_tasks(&layout)
-    cdef Py_ssize_t task
+    p.layout = make_layout(size, outer, axis_len, inner, granularity, block_size)
     p.x_format = x_format
     p.precision = precision
     p.fast_divide = fast_divide
@@ -120,12 +205,82 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
     p.mask = mask
     p.saturate = saturate
     p.small_float = small_float_format(small_float_id if code_kind != CODE_INTEGER else 0)
-    if n_tasks == 0:
+    p.encoder = small_float32_encoder(small_float_id if code_kind != CODE_INTEGER else 0, saturate)
+    p.scale = &scale[0]
+    p.zero_point = &zero_point[0]
+    p.scale32 = &scale32[0]
+    p.zero_point32 = &zero_point32[0]
+    p.path = path
+    return p
+
+
+cdef int choose_path(bint x_is_float32, bint fast_divide, int code_kind, bint byte_codes, bint fast):
+    if not (fast and x_is_float32 and fast_divide):
+        return PATH_GENERAL
+    if code_kind == CODE_INTEGER:
+        return PATH_F32_INTEGER
+    if byte_codes:
+        return PATH_F32_SMALL_FLOAT
+    return PATH_GENERAL
+
+
+def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
+             code_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
+             int granularity, Py_ssize_t block_size, int x_format, int precision,
+             bint fast_divide, int code_kind, double lo, double hi, int mask,
+             int small_float_id, bint saturate, int n_threads, bint fast=True):
+    """Quantize x (flattened, C order, viewed as outer x axis_len x inner) into `out`.
+
+    scale and zero_point hold one value per tensor, per axis index, or per block
+    (outer x n_blocks x inner). Integer codes are clamped to [lo, hi] and masked with
+    `mask` (the storage of int4/int2 keeps only the low bits); small-float codes follow
+    `small_float_id` and `saturate`. `fast=False` forces the general scalar path (the
+    tests compare the two).
+    """
+    cdef Py_ssize_t size = x.shape[0]
+    cdef Py_ssize_t task, n_tasks
+    cdef QuantizePlan p
+    if size == 0:
         return
-    if n_threads > 1:
+    scale32 = np.asarray(scale, dtype=np.float32)
+    zero_point32 = np.asarray(zero_point, dtype=np.float32)
+    p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
+                  granularity, block_size, x_format, precision, fast_divide, code_kind, lo, hi,
+                  mask, small_float_id, saturate,
+                  choose_path(x_storage_t is float, fast_divide, code_kind, code_storage_t is uint8_t, fast))
+    n_tasks = layout_tasks(&p.layout)
+    if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='static', num_threads=n_threads):
-            quantize_task(&x[0], &out[0], &scale[0], &zero_point[0], &layout, &p, task)
+            quantize_task(&x[0], &out[0], &p, task)
     else:
         with nogil:
             for task in range(n_tasks):
-                quantize_task(&x[0], &out[0], &scale[0], &zero_point[0], &layout, &p, task)
+                quantize_task(&x[0], &out[0], &p, task)
+
+
+def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
+                    uint8_t[::1] out, int bits, Py_ssize_t outer, Py_ssize_t axis_len,
+                    Py_ssize_t inner, int granularity, Py_ssize_t block_size, int x_format,
+                    int precision, bint fast_divide, int code_kind, double lo, double hi, int mask,
+                    int small_float_id, bint saturate, int n_threads, bint fast=True):
+    """As `quantize`, with the codes of `bits` bits (2, 4 or 6) packed into `out` in the
+    ONNX raw_data layout (ceil(n * bits / 8) bytes)."""
+    cdef Py_ssize_t size = x.shape[0]
+    cdef Py_ssize_t task, n_tasks
+    cdef QuantizePlan p
+    if size == 0:
+        return
+    scale32 = np.asarray(scale, dtype=np.float32)
+    zero_point32 = np.asarray(zero_point, dtype=np.float32)
+    p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
+                  granularity, block_size, x_format, precision, fast_divide, code_kind, lo, hi,
+                  mask, small_float_id, saturate,
+                  choose_path(x_storage_t is float, fast_divide, code_kind, True, fast))
+    n_tasks = layout_tasks(&p.layout)
+    if n_threads > 1 and n_tasks > 1:
+        for task in prange(n_tasks, nogil=True, schedule='static', num_threads=n_threads):
+            quantize_packed_task(&x[0], &out[0], bits, &p, task)
+    else:
+        with nogil:
+            for task in range(n_tasks):
+                quantize_packed_task(&x[0], &out[0], bits, &p, task)

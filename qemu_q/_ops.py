@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -20,6 +21,7 @@ from ._dtypes import (
     ElementType, array_element_type, element_type,
 )
 from ._opspec import OpSpec, first_version_allowing, first_version_with_attribute, get_spec
+from ._pack import packed_size
 from ._threads import resolve_threads
 
 _FLOAT32 = ELEMENT_TYPES["float"]
@@ -27,6 +29,11 @@ _UINT8 = ELEMENT_TYPES["uint8"]
 _E8M0 = ELEMENT_TYPES["float8e8m0"]
 # Values of `precision` (QuantizeLinear-23+): the division's precision type.
 _PRECISION_TYPES = {1: "float", 10: "float16", 16: "bfloat16"}
+# The storage of every type is its ONNX raw_data on a little-endian host: the packed
+# options then view instead of copying.
+_LITTLE_ENDIAN = sys.byteorder == "little"
+# False forces the kernels' general scalar paths (the tests compare both).
+_FAST_KERNELS = True
 
 
 def _label(spec: OpSpec, opset: int) -> str:
@@ -203,17 +210,79 @@ def _prepare_output(out, shape, etype: ElementType, inputs) -> np.ndarray:
     return out
 
 
+def _prepare_packed_output(out, size: int, etype: ElementType, inputs) -> np.ndarray:
+    if out is None:
+        return np.empty(size, dtype=np.uint8)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.dtype != np.uint8 or out.shape != (size,):
+        raise ValueError(
+            f"with packed=True, out must be a uint8 array of shape ({size},) (the raw_data "
+            f"of {etype.name}); got dtype {out.dtype} and shape {out.shape}"
+        )
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    for name, array in inputs:
+        if np.may_share_memory(out, array):
+            raise ValueError(f"out overlaps {name}; the kernels do not work in place")
+    return out
+
+
+def _packed_input(x, dtype, shape, zero_point, label: str):
+    """The element type, shape and bytes of a packed (ONNX raw_data) DequantizeLinear input."""
+    if shape is None:
+        raise TypeError(f"{label}: packed=True needs shape= (the shape of x; the bytes do not carry it)")
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(operator.index(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{label}: shape {shape} has a negative dimension")
+    zp_type = None if zero_point is None else array_element_type(zero_point, "x_zero_point")
+    if dtype is None and zp_type is None:
+        raise TypeError(
+            f"{label}: packed=True needs dtype= (the element type of x) when there is no "
+            f"x_zero_point to give it"
+        )
+    x_type = element_type(dtype, "dtype") if dtype is not None else zp_type
+    if zp_type is not None and zp_type is not x_type:
+        raise TypeError(f"{label}: dtype {x_type.name} conflicts with x_zero_point of type {zp_type.name}")
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        data = np.frombuffer(x, dtype=np.uint8)
+    elif isinstance(x, np.ndarray):
+        if x.dtype != np.uint8:
+            raise TypeError(f"{label}: with packed=True, x must hold uint8 bytes, got dtype {x.dtype}")
+        data = np.ascontiguousarray(x).reshape(-1)
+    else:
+        raise TypeError(f"{label}: with packed=True, x must be bytes or a uint8 numpy array, got {type(x).__name__}")
+    count = math.prod(shape)
+    expected = packed_size(x_type, count)
+    if data.size != expected:
+        raise ValueError(
+            f"{label}: x has {data.size} bytes; {count} elements of {x_type.name} take {expected}"
+        )
+    return x_type, shape, data
+
+
 def _flat_storage(array: np.ndarray, etype: ElementType) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1).view(etype.storage)
 
 
 def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
-                    saturate=1, precision=0, opset=None, out=None, n_threads=None) -> np.ndarray:
+                    saturate=1, precision=0, opset=None, out=None, packed=False,
+                    n_threads=None) -> np.ndarray:
     """ONNX QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point), bit-exact.
 
     `opset` selects the version (newest since-version <= opset; None: 28). Types follow
     that version's schema; `output_dtype` takes an ONNX data-type int, a name ("int4",
     "float8e4m3fn") or a dtype. Rules the spec leaves open are in docs/semantics.md.
+
+    `out` receives the result (no allocation). With `packed=True` the result is the ONNX
+    raw_data of y instead: a 1-D uint8 array of `pack(y)`'s bytes (ceil(n * bits / 8);
+    int4/uint4/float4 two per byte, int2/uint2 four, float6 four in three), quantized and
+    packed in one pass; `out` must then be such a uint8 array. `n_threads` overrides the
+    default thread count (`set_num_threads`); the bits never depend on it.
     """
     spec = get_spec("QuantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
@@ -255,19 +324,40 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
         and x_type.name in ("float", "float16", "bfloat16")
         and scale_type.name in ("float", "float16", "bfloat16", "float8e8m0")
     )
-    y = _prepare_output(out, x.shape, out_type, [("x", x), ("y_scale", scale)])
     if out_type.kind == "integer":
         code_kind, lo, hi, mask = CODE_INTEGER, out_type.lo, out_type.hi, (1 << out_type.bits) - 1
         small_float_id = 0
     else:
         code_kind, lo, hi, mask = CODE_SMALL_FLOAT, 0, 0, 0
         small_float_id = out_type.small_float_id
-    _quantize.quantize(
-        _flat_storage(x, x_type), scale_values, zp_values, y.reshape(-1).view(out_type.storage),
+    args = (
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
         x_type.value_format, precision_type.value_format, fast_divide,
         code_kind, lo, hi, mask, small_float_id, saturate, resolve_threads(n_threads, x.size),
+        _FAST_KERNELS,
     )
+    inputs = [("x", x), ("y_scale", scale)]
+    if packed and (out_type.packed or not _LITTLE_ENDIAN):
+        raw = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
+        if out_type.packed:
+            # Quantized and packed piece by piece: the one-per-byte codes never exist.
+            _quantize.quantize_packed(_flat_storage(x, x_type), scale_values, zp_values, raw,
+                                      out_type.bits, *args)
+        else:
+            y = np.empty(x.shape, dtype=out_type.dtype)
+            _quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
+                               y.reshape(-1).view(out_type.storage), *args)
+            raw[...] = y.reshape(-1).astype(y.dtype.newbyteorder("<")).view(np.uint8)
+        return raw
+    if packed:
+        # Whole-byte types: the storage is the raw_data; write it in place.
+        raw = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
+        _quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
+                           raw.view(out_type.storage), *args)
+        return raw
+    y = _prepare_output(out, x.shape, out_type, inputs)
+    _quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
+                       y.reshape(-1).view(out_type.storage), *args)
     return y
 
 
@@ -316,25 +406,45 @@ def _decode_table(type_name: str) -> np.ndarray:
 
 
 def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
-                      opset=None, out=None, n_threads=None) -> np.ndarray:
+                      opset=None, out=None, packed=False, dtype=None, shape=None,
+                      n_threads=None) -> np.ndarray:
     """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
 
     `opset` selects the version (None: 28). The output type is float32 (10, 13), the
     scale's type (19, 21), or `output_dtype` / the scale's type (23+).
+
+    `out` receives the result (no allocation). With `packed=True`, x is the ONNX raw_data
+    of the codes (bytes or a uint8 array, as `pack` gives and `quantize_linear(...,
+    packed=True)` returns): `shape` is the shape of x and `dtype` its element type (or
+    x_zero_point's type); sub-byte codes are unpacked piece by piece, never as a whole
+    array. `n_threads` overrides the default thread count; the bits never depend on it.
     """
     spec = get_spec("DequantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
     label = _label(spec, opset)
-    x = _as_array(x, "x")
     scale = _as_array(x_scale, "x_scale")
     zero_point = None if x_zero_point is None else _as_array(x_zero_point, "x_zero_point")
+    raw = None
+    if packed:
+        x_type, x_shape, raw = _packed_input(x, dtype, shape, zero_point, label)
+        if x_type.packed:
+            x = None  # read from raw by the packed kernel
+        elif _LITTLE_ENDIAN:
+            x = raw.view(x_type.dtype).reshape(x_shape)  # whole-byte types: a view
+        else:
+            x = raw.view(x_type.dtype.newbyteorder("<")).astype(x_type.dtype).reshape(x_shape)
+    else:
+        if dtype is not None or shape is not None:
+            raise TypeError(f"{label}: dtype= and shape= describe packed input; pass packed=True")
+        x = _as_array(x, "x")
+        x_type = array_element_type(x, "x")
+        x_shape = x.shape
     axis = _int_attribute(axis, "axis")
     block_size = _int_attribute(block_size, "block_size")
     output_dtype = _normalize_output_dtype(output_dtype)
     _check_attribute(spec, opset, "block_size", block_size, 0)
     _check_attribute(spec, opset, "output_dtype", output_dtype, None)
 
-    x_type = array_element_type(x, "x")
     scale_type = array_element_type(scale, "x_scale")
     _check_type(spec, opset, "x", x_type)
     _check_type(spec, opset, "x_scale", scale_type)
@@ -353,7 +463,7 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     else:
         out_type = scale_type
 
-    gran = _resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
+    gran = _resolve_granularity(spec, opset, x_shape, scale, zero_point, axis, block_size,
                                 "x_scale", "x_zero_point")
     scale_values = np.ascontiguousarray(scale.reshape(-1)).astype(np.float64)
     zp_values = _zero_point_values(zero_point, x_type, scale, label, "x_zero_point")
@@ -361,11 +471,24 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
         table = _decode_table(x_type.name)
     else:
         table = _decode_table("uint8")  # unused by 16- and 32-bit codes
-    y = _prepare_output(out, x.shape, out_type, [("x", x), ("x_scale", scale)])
+    # Integer codes of 8 bits or fewer are decoded arithmetically by the kernel.
+    integer_bits = x_type.bits if x_type.kind == "integer" and x_type.bits <= 8 else 0
+    integer_signed = x_type.kind == "integer" and x_type.lo < 0
+    size = math.prod(x_shape)
+    y = _prepare_output(out, x_shape, out_type, [("x", x if raw is None else raw), ("x_scale", scale)])
+    n_threads = resolve_threads(n_threads, size)
+    if x is None:
+        _dequantize.dequantize_packed(
+            raw, x_type.bits, size, scale_values, zp_values, y.reshape(-1).view(out_type.storage),
+            gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
+            table, out_type.value_format, n_threads, integer_bits, integer_signed, _FAST_KERNELS,
+        )
+        return y
     _dequantize.dequantize(
         _flat_storage(x, x_type), scale_values, zp_values, y.reshape(-1).view(out_type.storage),
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
-        table, x_type.name == "int16", out_type.value_format, resolve_threads(n_threads, x.size),
+        table, x_type.name == "int16", out_type.value_format, n_threads,
+        integer_bits, integer_signed, _FAST_KERNELS,
     )
     return y
 
