@@ -58,10 +58,8 @@ def _check_type(spec: OpSpec, opset: int, param: str, etype: ElementType) -> Non
     names = ", ".join(sorted(t[7:-1] for t in allowed))
     needs = first_version_allowing(spec.op_type, param, etype.onnx_type)
     hint = f"; {etype.name} needs opset >= {needs}" if needs and needs > spec.since_version else ""
-    raise TypeError(
-        f"{_label(spec, opset)} does not accept {param} of type {etype.name}{hint}. "
-        f"Allowed: {names}"
-    )
+    what = "output type" if param == "y" else f"{param} of type"
+    raise TypeError(f"{_label(spec, opset)} does not accept {what} {etype.name}{hint}. Allowed: {names}")
 
 
 def _check_attribute(spec: OpSpec, opset: int, name: str, value, default) -> None:

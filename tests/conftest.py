@@ -11,3 +11,9 @@ def shared_dir():
     if not SHARED.is_dir():
         pytest.fail(f"../shared is missing (looked for {SHARED}): CI clones the project beside it")
     return SHARED
+
+
+def pytest_report_header(config):
+    import qemu_q
+
+    return f"qemu_q {qemu_q.__version__} from {qemu_q.__file__}; openmp_enabled={qemu_q.openmp_enabled()}"
