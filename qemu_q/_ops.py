@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import _dequantize, _dynamic, _quantize
+from . import _dequantize, _dynamic, _kernels
 from ._dtypes import (
     BLOCKED, CODE_INTEGER, CODE_SMALL_FLOAT, ELEMENT_TYPES, FMT_FLOAT32, PER_AXIS, PER_TENSOR,
     ElementType, array_element_type, element_type,
@@ -339,22 +339,22 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
         raw = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
         if out_type.packed:
             # Quantized and packed piece by piece: the one-per-byte codes never exist.
-            _quantize.quantize_packed(_flat_storage(x, x_type), scale_values, zp_values, raw,
+            _kernels.active.quantize.quantize_packed(_flat_storage(x, x_type), scale_values, zp_values, raw,
                                       out_type.bits, *args)
         else:
             y = np.empty(x.shape, dtype=out_type.dtype)
-            _quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
+            _kernels.active.quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
                                y.reshape(-1).view(out_type.storage), *args)
             raw[...] = y.reshape(-1).astype(y.dtype.newbyteorder("<")).view(np.uint8)
         return raw
     if packed:
         # Whole-byte types: the storage is the raw_data; write it in place.
         raw = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
-        _quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
+        _kernels.active.quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
                            raw.view(out_type.storage), *args)
         return raw
     y = _prepare_output(out, x.shape, out_type, inputs)
-    _quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
+    _kernels.active.quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
                        y.reshape(-1).view(out_type.storage), *args)
     return y
 
@@ -476,13 +476,13 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     y = _prepare_output(out, x_shape, out_type, [("x", x if raw is None else raw), ("x_scale", scale)])
     n_threads = resolve_threads(n_threads, size)
     if x is None:
-        _dequantize.dequantize_packed(
+        _kernels.active.dequantize.dequantize_packed(
             raw, x_type.bits, size, scale_values, zp_values, y.reshape(-1).view(out_type.storage),
             gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
             table, out_type.value_format, n_threads, integer_bits, integer_signed, _FAST_KERNELS,
         )
         return y
-    _dequantize.dequantize(
+    _kernels.active.dequantize.dequantize(
         _flat_storage(x, x_type), scale_values, zp_values, y.reshape(-1).view(out_type.storage),
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
         table, x_type.name == "int16", out_type.value_format, n_threads,
