@@ -566,10 +566,6 @@ def _int32_scale_double_rounding_case():
     return a, b
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: an int32 y_scale with float32 division precision divides in double and "
-    "rounds again to float32; a 31-bit-over-31-bit quotient can sit within half a double ulp "
-    "of a float32 midpoint (docs/semantics.md's exactness argument assumes a <=24-bit scale)"))
 @pytest.mark.parametrize("opset", [19, 21, 23])
 def test_int32_scale_quotient_correctly_rounded(opset):
     a, b = _int32_scale_double_rounding_case()
