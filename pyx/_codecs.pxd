@@ -3,7 +3,7 @@
 # Everything here is `inline noexcept nogil` so that each kernel gets its own copy the
 # compiler can specialise on constant arguments.
 
-from libc.math cimport fabs, fabsf, floor, ceil, copysign, copysignf, isnan, INFINITY
+from libc.math cimport fabs, fabsf, floor, ceil, copysign, copysignf, fma, isinf, isnan, INFINITY
 from libc.stdint cimport int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
@@ -220,6 +220,20 @@ cdef inline float round_to_value_format(double v, double err, int value_format) 
     if value_format == FMT_BFLOAT16:
         return round_to_bfloat16_value(v, err)
     return round_to_float32_value(v, err)
+
+
+cdef inline float divide_to_value_format(double x, double s, int value_format) noexcept nogil:
+    # The exact quotient x / s rounded once to float32/float16/bfloat16. The double quotient
+    # q can land exactly on a midpoint of the target while the exact quotient does not (an
+    # int32 scale has up to 31 significant bits); a midpoint has its low double bits clear,
+    # and only then is the remainder x - q*s (exact, by FMA) needed to break the tie.
+    cdef double q = x / s
+    cdef double error = 0.0
+    cdef int mantissa_bits = 23 if value_format == FMT_FLOAT32 else (10 if value_format == FMT_FLOAT16 else 7)
+    cdef uint64_t low_bits = (<uint64_t>1 << (52 - mantissa_bits - 1)) - 1
+    if (double_bits(q) & low_bits) == 0 and q != 0.0 and not isinf(q) and not isnan(q):
+        error = fma(-q, s, x) / s
+    return round_to_value_format(q, error, value_format)
 
 
 cdef inline uint16_t pack_value_format(float v, int value_format) noexcept nogil:

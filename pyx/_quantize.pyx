@@ -19,7 +19,7 @@ from _codecs cimport (
     x_storage_t, code_storage_t, SmallFloatFormat, small_float_format,
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT,
-    float16_to_float, bfloat16_to_float, round_to_value_format,
+    float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_clamped, encode_small_float,
 )
 from _subbyte cimport pack_codes
@@ -73,10 +73,7 @@ cdef inline int quantize_one(x_storage_t v, double scale, double zero_point, con
         # IEEE float division is the correctly rounded quotient.
         q = <float>x / <float>scale
     else:
-        # The double quotient of these operands is never within half a double ulp of a
-        # midpoint of the target precision unless it is one, so rounding it once more
-        # gives the correctly rounded quotient (see docs/semantics.md).
-        q = round_to_value_format(x / scale, 0.0, p.precision)
+        q = divide_to_value_format(x, scale, p.precision)
     if p.code_kind == CODE_INTEGER:
         return encode_integer(q, <float>zero_point, p.lo, p.hi, p.mask)
     # The zero point of a float type is +0 or -0 (or absent: -0, the additive identity);

@@ -32,7 +32,7 @@ whose bits differ from another implementation's by design is one named case, see
     random        seeded random codes
     scales        per-axis special scales over a few codes
   DynamicQuantizeLinear
-    random, positive, negative, zeros, tiny, nan, inf
+    random, positive, negative, zeros, tiny, nan, inf (+inf), neg_inf (-inf)
 
 Random data come from `np.random.default_rng` seeded by the suite seed and the case name,
 so a case's bits do not depend on which other cases are selected.
@@ -66,7 +66,7 @@ _OP_ALIASES = {
 Q_FAMILIES = ("grid", "near_ties", "zeros", "nan", "overflow", "random", "scales",
               "scales_zero", "scales_inf")
 DQ_FAMILIES = ("codes", "nan_inf", "near_ties", "random", "scales")
-DYNAMIC_FAMILIES = ("random", "positive", "negative", "zeros", "tiny", "nan", "inf")
+DYNAMIC_FAMILIES = ("random", "positive", "negative", "zeros", "tiny", "nan", "inf", "neg_inf")
 FAMILIES = tuple(dict.fromkeys(Q_FAMILIES + DQ_FAMILIES + DYNAMIC_FAMILIES))
 
 _PRECISION_NAMES = {1: "float", 10: "float16", 16: "bfloat16"}
@@ -355,68 +355,85 @@ def _float8_with_sign(c: Config) -> bool:
 
 
 def _signed_integer(c: Config) -> bool:
-    return _integer(c) and _q(c).lo < 0
+    return _integer(c) and _q(c).lo < 0  # these cases have a negative zero point
 
 
-def _half_precision_division(c: Config) -> bool:
-    return c.division_precision in ("float16", "bfloat16")
+def _is_q(c: Config) -> bool:
+    return c.op_type == "QuantizeLinear"
 
 
-# Headings of docs/divergences.md entries (the text after "## ").
-H_INTEGER_SPECIALS = "NaN, infinities and huge quotients into integers"
-H_FLOAT8_NAN = "NaN encodings of float8 outputs"
-H_NEGATIVE_ZERO = "Negative zero plus a float zero point"
-H_SMALL_FLOAT_NAN = "NaN into float4 and float6"
-H_DIVISION_PRECISION = "Division precision of QuantizeLinear"
-H_SATURATE_BANDS = "onnxruntime: float8 overflow with saturate=0"
-H_INT32_CODES = "int32 codes in DequantizeLinear"
-H_DOUBLE_ROUNDING = "DequantizeLinear to float16 rounds twice"
-H_DYNAMIC_ZERO_RANGE = "DynamicQuantizeLinear with a zero range"
-H_DYNAMIC_NAN = "DynamicQuantizeLinear with NaN inputs"
+def _is_dq(c: Config) -> bool:
+    return c.op_type == "DequantizeLinear"
 
-_Q, _DQ, _DYN = "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"
 
+def _is_dynamic(c: Config) -> bool:
+    return c.op_type == "DynamicQuantizeLinear"
+
+
+def _int_specials(c: Config) -> bool:
+    """QuantizeLinear integer cases with NaN, inf or |q| >= 2^31 quotients."""
+    return _is_q(c) and _integer(c) and (
+        (c.family == "overflow" and c.x_type != "int32") or c.family in ("scales_zero", "nan"))
+
+
+def _nan_results(c: Config) -> bool:
+    """Float8 cases with NaN quotients: NaN x, or 0/0 and x/NaN from degenerate scales."""
+    return c.family == "nan" or c.family == "scales_zero"
+
+
+# Each row: (heading in docs/divergences.md, implementations whose bits differ, predicate).
 DIVERGENCES: tuple[tuple[str, tuple[str, ...], object], ...] = (
-    # onnx.reference casts the rounded quotient to int32 before adding the zero point and
-    # clipping: NaN, inf and |q| >= 2^31 become INT_MIN, plus a negative zero point wraps.
-    (H_INTEGER_SPECIALS, (REFERENCE,), lambda c: c.op_type == _Q and _integer(c) and (
-        (c.family == "overflow" and c.x_type != "int32")
-        or c.family == "scales_zero"
-        or (c.family == "nan" and _signed_integer(c)))),
-    # qemu_q writes the canonical NaN 0x7F whatever the sign; both keep the sign
-    # (onnx.reference writes 0x7E / 0xFE for float8e5m2).
-    (H_FLOAT8_NAN, BOTH, lambda c: c.op_type == _Q and _float8_with_sign(c) and (
-        c.family in ("nan", "scales_zero")
-        or (c.saturate == 0 and c.qtype == "float8e4m3fn"))),
-    # An exact -0 quotient plus the +0 zero point is +0; both ignore a float8 zero point.
-    (H_NEGATIVE_ZERO, BOTH, lambda c: c.op_type == _Q and _float8_with_sign(c)
-        and c.zero_point and c.family in ("zeros", "scales_inf")),
-    # NaN gives +max (the ONNX float4 note); ml_dtypes gives -0 / +0.
-    (H_SMALL_FLOAT_NAN, (REFERENCE,), lambda c: c.op_type == _Q
-        and c.qtype in ("float4e2m1", "float6e2m3", "float6e3m2")
-        and c.family in ("nan", "scales_zero")),
-    # The quotient is rounded once to the scale's type or `precision`: onnx.reference
-    # divides in float32 (numpy promotion) or rounds x to `precision` first; onnxruntime
-    # divides in float32 and rounds the quotient again (19, 21: float16 x; 23+).
-    (H_DIVISION_PRECISION, (REFERENCE,), lambda c: c.op_type == _Q and c.version >= 23
-        and _half_precision_division(c) and c.x_type == "float"
-        and c.family in ("grid", "near_ties", "random")),
-    (H_DIVISION_PRECISION, (ONNXRUNTIME,), lambda c: c.op_type == _Q
-        and c.division_precision == "float16" and c.family in ("near_ties", "random")
-        and ((c.version >= 23 and c.x_type == "float")
-             or (c.version < 23 and c.x_type == "float16"))),
-    # onnxruntime: e4m3fn gives 448 for quotients in [480, 496) and e5m2 NaN in
-    # [61440, 65536) instead of NaN and inf.
-    (H_SATURATE_BANDS, (ONNXRUNTIME,), lambda c: c.op_type == _Q and c.saturate == 0
-        and c.family == "grid" and _float8_with_sign(c)),
-    # Both convert int32 codes to float32 before multiplying.
-    (H_INT32_CODES, BOTH, lambda c: c.op_type == _DQ and c.qtype == "int32"
-        and c.family in ("codes", "random", "scales", "near_ties")),
-    # Both multiply in float32 and round the product again to float16.
-    (H_DOUBLE_ROUNDING, BOTH, lambda c: c.op_type == _DQ and c.family == "near_ties"
-        and c.y_type == "float16" and c.qtype in ("int16", "uint16")),
-    (H_DYNAMIC_ZERO_RANGE, (REFERENCE,), lambda c: c.op_type == _DYN and c.family == "zeros"),
-    (H_DYNAMIC_NAN, BOTH, lambda c: c.op_type == _DYN and c.family == "nan"),
+    ("QL integer: +inf and quotients beyond int32 (onnx.reference)", (REFERENCE,),
+     lambda c: _int_specials(c) and not _signed_integer(c) and c.family != "nan"),
+    ("QL integer: int32 wrap-around when adding the zero point (onnx.reference)", (REFERENCE,),
+     lambda c: _int_specials(c) and _signed_integer(c)),
+    ("QL: int32 x or int32 scale, onnx.reference divides in float64", (REFERENCE,),
+     lambda c: _is_q(c) and "int32" in (c.x_type, c.scale_type) and _integer(c)
+     and c.family == "near_ties"),
+    ("QL-23+: float32 x with a float16 or bfloat16 scale", (REFERENCE,),
+     lambda c: _is_q(c) and c.version >= 23 and c.x_type == "float" and not c.precision
+     and c.scale_type in ("float16", "bfloat16") and c.family in ("grid", "near_ties", "random")),
+    ("QL-23+: float32 x with a float16 or bfloat16 scale", (ONNXRUNTIME,),
+     lambda c: _is_q(c) and c.version >= 23 and c.x_type == "float" and not c.precision
+     and c.scale_type == "float16" and c.family in ("near_ties", "random")),
+    ("QL-23+: precision attribute", BOTH,
+     lambda c: _is_q(c) and c.precision in (10, 16) and c.family in ("near_ties", "random")),
+    ("QL-19/21: float16 x, onnxruntime divides in float32", (ONNXRUNTIME,),
+     lambda c: _is_q(c) and c.version in (19, 21) and c.x_type == "float16"
+     and c.family in ("near_ties", "random")),
+    ("QL float8: sign of a NaN result", BOTH,
+     lambda c: _is_q(c) and c.qtype == "float8e4m3fn" and _nan_results(c)
+     and c.scale_type != "float8e8m0"),
+    ("QL float8: sign of a NaN result", (ONNXRUNTIME,),
+     lambda c: _is_q(c) and c.qtype == "float8e5m2" and _nan_results(c)),
+    ("QL e5m2: onnx.reference NaN codes 0x7E / 0xFE", (REFERENCE,),
+     lambda c: _is_q(c) and c.qtype == "float8e5m2" and _nan_results(c)),
+    ("QL e4m3fn saturate=0: negative overflow", BOTH,
+     lambda c: _is_q(c) and c.qtype == "float8e4m3fn" and c.saturate == 0),
+    ("QL e4m3fn saturate=0: onnxruntime 448 for 480 <= |q| < 496", (ONNXRUNTIME,),
+     lambda c: _is_q(c) and c.qtype == "float8e4m3fn" and c.saturate == 0
+     and c.family == "grid"),
+    ("QL e5m2 saturate=0: onnxruntime NaN for 61440 <= |q| < 65536", (ONNXRUNTIME,),
+     lambda c: _is_q(c) and c.qtype == "float8e5m2" and c.saturate == 0
+     and c.family == "grid"),
+    ("QL float8: -0 quotient plus a +0 zero point", BOTH,
+     lambda c: _is_q(c) and _float8_with_sign(c) and c.zero_point
+     and c.family in ("zeros", "scales_inf")),
+    ("QL float4/float6: NaN", (REFERENCE,),
+     lambda c: _is_q(c) and c.qtype in ("float4e2m1", "float6e2m3", "float6e3m2")
+     and _nan_results(c)),
+    ("DQ: int32 x beyond 2^24", BOTH,
+     lambda c: _is_dq(c) and c.qtype == "int32"
+     and c.family in ("codes", "near_ties", "random", "scales")),
+    ("DQ: float16 / bfloat16 output rounded twice", BOTH,
+     lambda c: _is_dq(c) and c.family == "near_ties" and _integer(c)),
+    ("DynamicQuantizeLinear: all-zero or empty x", (REFERENCE,),
+     lambda c: _is_dynamic(c) and c.family == "zeros"),
+    # onnxruntime: only a NaN in some positions, e.g. the last of a full 8-element block.
+    ("DynamicQuantizeLinear: NaN in x", BOTH,
+     lambda c: _is_dynamic(c) and c.family == "nan"),
+    ("DynamicQuantizeLinear: -inf in x", BOTH,
+     lambda c: _is_dynamic(c) and c.family == "neg_inf"),
 )
 
 
@@ -558,7 +575,8 @@ def _pow2_scale(c: Config) -> float:
 
 def _awkward_scale(c: Config) -> float:
     if c.scale_type == "int32":
-        return 3.0
+        # a float x over 2^24 + 1: quotients with more bits than float32 holds
+        return 3.0 if c.op_type == "DequantizeLinear" else 16777217.0
     if c.scale_type == "float8e8m0":
         return 2.0**-5
     return 0.0731 if c.x_type != "int32" else 0.3
@@ -617,6 +635,17 @@ def _x_grid(c: Config, q, x_t, zp: int, scale: float, rng, quotients=None, steps
         quotients = _grid_quotients(c, q, zp, rng)
     x = _with_neighbours(_cast(quotients * scale, x_t), x_t, steps)
     return x[_fits_precision(x, scale, c)]
+
+
+def _int32_near_ties(targets: np.ndarray) -> tuple[np.ndarray, float]:
+    """int32 x = target·2^m + d (|d| <= 2) with the scale 2^m: quotients a few 2^-m from
+    the ties, more bits than float32 holds (so a float32 quotient lands on the tie)."""
+    largest = float(np.max(np.abs(targets)))
+    m = min(19, 29 - math.ceil(math.log2(largest + 1)))
+    exact = targets * 2.0**m
+    exact = exact[(exact == np.rint(exact)) & (np.abs(exact) < 2**30)]
+    x = np.unique(np.concatenate([exact + d for d in (-2, -1, 0, 1, 2)]))
+    return x.astype(np.int32), 2.0**m
 
 
 def _x_zeros(x: ElementType) -> np.ndarray:
@@ -746,14 +775,18 @@ def _q_inputs(c: Config, seed: int, size: int):
         x = _x_grid(c, q, x_t, zp_value, scale, rng)
         scale_a = _scalar(scale, s_t)
     elif c.family == "near_ties":
-        scale_a = _scalar(_awkward_scale(c), s_t)
-        scale = float(scale_a.astype(np.float64))
         if q.kind == "integer":
             quotients = _sample_ints(q.lo - zp_value - 1, q.hi - zp_value, rng, edge=12,
                                      middle=48) + 0.5
         else:
             quotients = np.concatenate([_midpoints(q), -_midpoints(q)])
-        x = _x_grid(c, q, x_t, zp_value, scale, rng, quotients, steps=2)
+        if x_t.name == "int32":
+            x, scale = _int32_near_ties(quotients)
+            scale_a = _scalar(scale, s_t)
+        else:
+            scale_a = _scalar(_awkward_scale(c), s_t)
+            scale = float(scale_a.astype(np.float64))
+            x = _x_grid(c, q, x_t, zp_value, scale, rng, quotients, steps=2)
     elif c.family in ("zeros", "nan", "overflow"):
         scale = _pow2_scale(c)
         scale_a = _scalar(scale, s_t)
@@ -904,6 +937,9 @@ def _dynamic_inputs(c: Config, seed: int, size: int):
     elif c.family == "inf":
         x = rng.normal(0.0, 3.0, size=n)
         x[3] = np.inf
+    elif c.family == "neg_inf":
+        x = rng.normal(0.0, 3.0, size=n)
+        x[3] = -np.inf
     else:
         raise ValueError(f"DynamicQuantizeLinear has no input family {c.family!r}")
     return [("x", x.astype(np.float32).reshape(shape))], {}

@@ -1,0 +1,571 @@
+"""Golden vectors: coverage of the op-spec table, agreement with onnx.reference and
+onnxruntime outside the documented divergences, file formats, determinism, and a Verilog
+testbench that unpacks the hex files."""
+
+import ctypes
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+import zipfile
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+import qemu_q
+from qemu_q import cli, golden, writers
+
+onnx = pytest.importorskip("onnx", reason="golden tests read models with onnx (test extra)")
+from onnx import numpy_helper  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTBENCH = ROOT / "tests" / "verilog" / "unpack_tb.v"
+DIVERGENCES_DOC = ROOT / "docs" / "divergences.md"
+
+REFERENCE, ONNXRUNTIME = golden.REFERENCE, golden.ONNXRUNTIME
+
+
+def _bits(array: np.ndarray) -> bytes:
+    return np.ascontiguousarray(array).tobytes()
+
+
+# --------------------------------------------------------------------------------------
+# The default suite, built once
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return [golden.build_case(config) for config in golden.iter_configs()]
+
+
+def test_names_unique_and_stable(suite):
+    names = [case.name for case in suite]
+    assert len(names) == len(set(names))
+    assert all(re.fullmatch(r"test_[a-z0-9_]+", n) for n in names)
+    assert len(suite) > 1000
+
+
+# --------------------------------------------------------------------------------------
+# Coverage against onnx.defs
+
+
+def _schemas():
+    found = defaultdict(list)
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain in ("", "ai.onnx") and schema.name in golden.OPS:
+            found[schema.name].append(schema)
+    return found
+
+
+def _allowed(schema, type_str):
+    if type_str.startswith("tensor("):
+        return {type_str[7:-1]}
+    for constraint in schema.type_constraints:
+        if constraint.type_param_str == type_str:
+            return {t[7:-1] for t in constraint.allowed_type_strs}
+    raise AssertionError(f"{schema.name}-{schema.since_version}: no constraint {type_str}")
+
+
+def test_every_op_version_and_quantized_type_is_covered():
+    configs = list(golden.iter_configs())
+    seen = {(c.op_type, c.version, c.qtype) for c in configs}
+    required = set()
+    for op, schemas in _schemas().items():
+        for schema in schemas:
+            if op == "QuantizeLinear":
+                qtypes = _allowed(schema, schema.outputs[0].type_str)
+            elif op == "DequantizeLinear":
+                qtypes = _allowed(schema, schema.inputs[0].type_str)
+            else:
+                qtypes = _allowed(schema, schema.outputs[0].type_str)
+            required |= {(op, schema.since_version, q) for q in qtypes}
+    missing = sorted(required - seen)
+    assert not missing, f"combinations onnx.defs allows that the suite lacks: {missing}"
+    assert not sorted(seen - required), "the suite has combinations onnx.defs does not allow"
+
+
+def test_every_float_type_attribute_and_granularity_is_covered():
+    configs = list(golden.iter_configs())
+    by_version = defaultdict(list)
+    for c in configs:
+        by_version[(c.op_type, c.version)].append(c)
+    for op, schemas in _schemas().items():
+        if op == "DynamicQuantizeLinear":
+            continue
+        for schema in schemas:
+            cs = by_version[(op, schema.since_version)]
+            x_types = _allowed(schema, schema.inputs[0].type_str)
+            scale_types = _allowed(schema, schema.inputs[1].type_str)
+            if op == "QuantizeLinear":
+                assert {c.x_type for c in cs} == x_types, (op, schema.since_version)
+                assert {c.scale_type for c in cs} == scale_types, (op, schema.since_version)
+            else:
+                out_types = _allowed(schema, schema.outputs[0].type_str)
+                assert {c.scale_type for c in cs} == scale_types, (op, schema.since_version)
+                assert {c.y_type for c in cs} == out_types, (op, schema.since_version)
+            spec = qemu_q.get_spec(op, schema.since_version)
+            assert {c.granularity for c in cs} == set(spec.granularities)
+            attributes = set(schema.attributes)
+            if "saturate" in attributes:
+                assert any(c.saturate == 0 for c in cs)
+            if "precision" in attributes:
+                assert {c.precision for c in cs} >= {1, 10, 16}
+            if "output_dtype" in attributes:
+                assert any(c.output_dtype for c in cs)
+
+
+def test_every_model_is_valid_onnx(suite):
+    for case in suite:
+        model = writers.model_proto(case)
+        onnx.checker.check_model(model, full_check=True)
+        opset = [onnx.helper.make_opsetid("", case.opset)]
+        assert model.ir_version == onnx.helper.find_min_ir_version_for(opset)
+
+
+# --------------------------------------------------------------------------------------
+# onnx.reference and onnxruntime: identical bits except the documented divergences
+
+# What each implementation cannot run at all, by case features, with the reason.
+_F6 = ("float6e2m3", "float6e3m2")
+REFERENCE_CANNOT = (
+    ("onnx.reference has no DequantizeLinear below version 19",
+     lambda c: c.op_type == "DequantizeLinear" and c.version < 19),
+)
+ONNXRUNTIME_CANNOT = (
+    ("onnxruntime 1.32 implements these ops up to opset 25, not 28",
+     lambda c: c.version == 28),
+    ("onnxruntime has no float4e2m1 QuantizeLinear / DequantizeLinear",
+     lambda c: c.qtype == "float4e2m1"),
+    ("onnxruntime has no QuantizeLinear with a bfloat16 or int32 x",
+     lambda c: c.op_type == "QuantizeLinear" and c.x_type in ("bfloat16", "int32")),
+    ("onnxruntime has no QuantizeLinear with a bfloat16, int32 or float8e8m0 scale",
+     lambda c: c.op_type == "QuantizeLinear"
+     and c.scale_type in ("bfloat16", "int32", "float8e8m0")),
+    ("onnxruntime's QuantizeLinear rejects precision=16 (bfloat16)",
+     lambda c: c.op_type == "QuantizeLinear" and c.precision == 16),
+    ("onnxruntime has no DequantizeLinear with a bfloat16 scale or output",
+     lambda c: c.op_type == "DequantizeLinear" and "bfloat16" in (c.scale_type, c.y_type)),
+    ("onnxruntime has no DequantizeLinear with a float8e8m0 scale",
+     lambda c: c.op_type == "DequantizeLinear" and c.scale_type == "float8e8m0"),
+)
+
+
+def _cannot(table, config):
+    for reason, predicate in table:
+        if predicate(config):
+            return reason
+    return None
+
+
+def run_reference(case, model_bytes):
+    from onnx.reference import ReferenceEvaluator
+
+    model = onnx.load_from_string(model_bytes)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return ReferenceEvaluator(model).run(None, dict(case.inputs))
+
+
+_ORT_SESSION_OPTIONS = None
+
+
+def run_onnxruntime(case, model_bytes):
+    """Through IOBinding and raw buffers: ORT's numpy API cannot pass int4 / int2 / most
+    float8 tensors, OrtValues over packed bytes can."""
+    import onnxruntime as ort
+
+    global _ORT_SESSION_OPTIONS
+    if _ORT_SESSION_OPTIONS is None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3
+        options.intra_op_num_threads = 1
+        _ORT_SESSION_OPTIONS = options
+    session = ort.InferenceSession(model_bytes, _ORT_SESSION_OPTIONS,
+                                   providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    keep = []
+    for name, array in case.inputs:
+        etype = qemu_q.element_type(array.dtype)
+        value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), etype.onnx_id)
+        data = np.ascontiguousarray(qemu_q.pack(array))
+        assert value.tensor_size_in_bytes() == data.nbytes
+        if data.nbytes:
+            ctypes.memmove(value.data_ptr(), data.ctypes.data, data.nbytes)
+        keep.append((value, data))
+        binding.bind_ortvalue_input(name, value)
+    outputs = []
+    for name, expected in case.outputs:
+        etype = qemu_q.element_type(expected.dtype)
+        value = ort.OrtValue.ortvalue_from_shape_and_type(list(expected.shape), etype.onnx_id)
+        binding.bind_ortvalue_output(name, value)
+        outputs.append((value, etype, expected.shape))
+    session.run_with_iobinding(binding)
+    results = []
+    for value, etype, shape in outputs:
+        size = value.tensor_size_in_bytes()
+        raw = bytes((ctypes.c_uint8 * size).from_address(value.data_ptr())) if size else b""
+        results.append(qemu_q.unpack(raw, etype.name, shape))
+    return results
+
+
+def _mismatch(case, got) -> str | None:
+    for (name, expected), result in zip(case.outputs, got):
+        result = np.asarray(result)
+        if result.dtype != expected.dtype or result.shape != expected.shape:
+            return f"{name}: {result.dtype}{result.shape}, expected {expected.dtype}{expected.shape}"
+        if _bits(result) != _bits(expected):
+            width = expected.dtype.itemsize
+            e = np.frombuffer(_bits(expected), np.uint8).reshape(-1, width)
+            r = np.frombuffer(_bits(result), np.uint8).reshape(-1, width)
+            index = np.nonzero((e != r).any(axis=1))[0]
+            first = int(index[0])
+            return (f"{name}: {index.size} of {expected.size} elements differ, first at "
+                    f"{first}: got {result.reshape(-1)[first]!r}, "
+                    f"expected {expected.reshape(-1)[first]!r}")
+    return None
+
+
+RUNTIMES = {
+    REFERENCE: (run_reference, REFERENCE_CANNOT),
+    ONNXRUNTIME: (run_onnxruntime, ONNXRUNTIME_CANNOT),
+}
+
+
+@pytest.fixture(scope="module")
+def comparisons(suite):
+    """(runtime, case name) -> ("cannot" | "divergence" | "ok" | "mismatch" | "error", text)
+
+    Every case runs, the divergent ones too: a mismatch outside the marked cases fails
+    test_runtimes_agree; a divergence row that never shows fails
+    test_every_divergence_row_shows."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+    results = {}
+    for case in suite:
+        model_bytes = writers.model_bytes(case)
+        for runtime, (run, cannot_table) in RUNTIMES.items():
+            reason = _cannot(cannot_table, case.config)
+            if reason:
+                results[(runtime, case.name)] = ("cannot", reason)
+                continue
+            try:
+                problem = _mismatch(case, run(case, model_bytes))
+            except Exception as error:  # noqa: BLE001 - reported per case below
+                results[(runtime, case.name)] = ("error", f"{type(error).__name__}: {error}")
+                continue
+            headings = [h for h, who in case.divergences if runtime in who]
+            if headings:
+                results[(runtime, case.name)] = ("divergence", "; ".join(headings), problem,
+                                                 headings)
+            else:
+                results[(runtime, case.name)] = ("mismatch", problem) if problem else ("ok", "")
+    return results
+
+
+@pytest.mark.parametrize("runtime", [REFERENCE, ONNXRUNTIME])
+def test_runtimes_agree(comparisons, suite, runtime):
+    errors, mismatches, skipped = [], [], defaultdict(list)
+    for case in suite:
+        status, text, *_ = comparisons[(runtime, case.name)]
+        if status == "error":
+            errors.append(f"{case.name}: {text}")
+        elif status == "mismatch":
+            mismatches.append(f"{case.name}: {text}")
+        elif status in ("cannot", "divergence"):
+            skipped[text].append(case.name)  # by name, with the reason
+    assert not errors, f"{runtime} failed on {len(errors)} cases:\n" + "\n".join(errors[:20])
+    assert not mismatches, (
+        f"{runtime} differs on {len(mismatches)} cases that no divergence names:\n"
+        + "\n".join(mismatches[:40]))
+    ran = sum(1 for case in suite if comparisons[(runtime, case.name)][0] == "ok")
+    assert ran > 500, f"only {ran} cases compared with {runtime}"
+    for reason, names in skipped.items():
+        assert names and reason
+
+
+def test_every_divergence_row_shows(comparisons, suite):
+    """Each (heading, implementation) of the divergence table differs on some case."""
+    shown = set()
+    for case in suite:
+        for runtime in RUNTIMES:
+            entry = comparisons[(runtime, case.name)]
+            if entry[0] == "divergence" and entry[2]:
+                shown.update((heading, runtime) for heading in entry[3])
+    rows = {(heading, runtime) for heading, who, _ in golden.DIVERGENCES for runtime in who}
+    assert not sorted(rows - shown), f"divergence rows no case shows: {sorted(rows - shown)}"
+
+
+def test_divergence_headings_are_documented():
+    assert DIVERGENCES_DOC.is_file(), "docs/divergences.md is missing"
+    text = DIVERGENCES_DOC.read_text(encoding="utf-8")
+    headings = {line[3:].strip() for line in text.splitlines() if line.startswith("## ")}
+    used = {heading for heading, _who, _predicate in golden.DIVERGENCES}
+    missing = sorted(used - headings)
+    assert not missing, f"headings the manifest uses that docs/divergences.md lacks: {missing}"
+
+
+# --------------------------------------------------------------------------------------
+# Files
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """The README's main job, run twice into fresh folders."""
+    first = tmp_path_factory.mktemp("golden") / "golden"
+    second = tmp_path_factory.mktemp("golden") / "golden"
+    for out in (first, second):
+        assert cli.main(["golden", "--out", str(out)]) == 0
+    return first, second
+
+
+def _all_files(root: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_same_command_same_bytes(written):
+    first, second = written
+    a, b = _all_files(first), _all_files(second)
+    assert a.keys() == b.keys()
+    different = [name for name in a if a[name] != b[name]]
+    assert not different, f"{len(different)} files differ, e.g. {different[:5]}"
+
+
+def test_npz_members_have_fixed_dates(written):
+    first, _ = written
+    for path in sorted((first / "npz").glob("*.npz"))[:50]:
+        with zipfile.ZipFile(path) as archive:
+            assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+
+
+def test_manifest_and_layout(written, suite):
+    first, _ = written
+    manifest = json.loads((first / "manifest.json").read_text())
+    assert manifest["qemu_q_version"] == qemu_q.__version__
+    assert manifest["seed"] == 0
+    assert manifest["case_count"] == len(manifest["cases"]) == len(suite)
+    by_name = {case.name: case for case in suite}
+    shared = ROOT.parent / "shared" / "onnx-node-tests" / "test_quantizelinear"
+    shared_layout = sorted(str(p.relative_to(shared)) for p in shared.rglob("*") if p.is_file())
+    for entry in manifest["cases"][::37]:
+        case = by_name[entry["name"]]
+        assert entry["divergence"] == case.divergence
+        folder = first / entry["onnx_dir"]
+        layout = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.pb")) + ["model.onnx"]
+        expected = [f"test_data_set_0/input_{i}.pb" for i in range(len(case.inputs))] + [
+            f"test_data_set_0/output_{i}.pb" for i in range(len(case.outputs))]
+        assert layout == sorted(expected) + ["model.onnx"]
+        if entry["op_type"] == "QuantizeLinear" and len(case.inputs) == 3:
+            assert sorted(layout) == shared_layout
+        model = onnx.load(str(folder / "model.onnx"))
+        assert [o.version for o in model.opset_import] == [entry["opset"]]
+        assert model.graph.node[0].op_type == entry["op_type"]
+        attributes = {a.name: onnx.helper.get_attribute_value(a)
+                      for a in model.graph.node[0].attribute}
+        assert attributes == entry["attributes"]
+        meta, arrays = writers.read_npz(first / entry["npz"])
+        assert meta["op_type"] == entry["op_type"] and meta["opset"] == entry["opset"]
+        for role, tensors, items in (("input", entry["inputs"], case.inputs),
+                                     ("output", entry["outputs"], case.outputs)):
+            for index, (tensor, (name, array)) in enumerate(zip(tensors, items)):
+                assert tensor["name"] == name and tensor["type"] == qemu_q.element_type(
+                    array.dtype).name and tensor["shape"] == list(array.shape)
+                assert tensor["pb"] == f"{entry['onnx_dir']}/test_data_set_0/{role}_{index}.pb"
+                assert tensor["hex"] == tensor["pb"][:-3] + ".hex"  # beside it, same stem
+                proto = onnx.load_tensor(str(first / tensor["pb"]))
+                assert proto.name == name
+                loaded = numpy_helper.to_array(proto)
+                assert loaded.dtype == array.dtype and _bits(loaded) == _bits(array)
+                hex_text = (first / tensor["hex"]).read_text()
+                parsed = writers.read_hex(hex_text, tensor["type"], tensor["shape"])
+                assert _bits(parsed) == _bits(array)
+                assert bytes(proto.raw_data) == qemu_q.pack(array).tobytes()
+                from_npz = arrays[tensor["npz_key"]]
+                assert from_npz.dtype == array.dtype and _bits(from_npz) == _bits(array)
+
+
+def test_written_folders_run_in_onnx_reference(written):
+    """A few folders straight from disk, the way a backend test runner reads them."""
+    from onnx.reference import ReferenceEvaluator
+
+    first, _ = written
+    manifest = json.loads((first / "manifest.json").read_text())
+    picked = [e for e in manifest["cases"] if e["divergence"] is None
+              and e["since_version"] >= 19 and e["family"] in ("grid", "codes")][::15]
+    assert len(picked) > 10
+    for entry in picked:
+        folder = first / entry["onnx_dir"]
+        model = onnx.load(str(folder / "model.onnx"))
+        data = folder / "test_data_set_0"
+        inputs = [numpy_helper.to_array(onnx.load_tensor(str(p)))
+                  for p in sorted(data.glob("input_*.pb"))]
+        expected = [numpy_helper.to_array(onnx.load_tensor(str(p)))
+                    for p in sorted(data.glob("output_*.pb"))]
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            got = ReferenceEvaluator(model).run(
+                None, {i.name: a for i, a in zip(model.graph.input, inputs)})
+        for g, e in zip(got, expected):
+            assert _bits(np.asarray(g)) == _bits(e), entry["name"]
+
+
+def test_hex_layout():
+    a = np.array([1, -2, 7, -8, 3], dtype=qemu_q.ELEMENT_TYPES["int4"].dtype)
+    text = writers.hex_text(a, 16, "x")
+    header = [line for line in text.splitlines() if line.startswith("//")]
+    words = [line for line in text.splitlines() if not line.startswith("//")]
+    assert words == ["87e1", "0003"]  # bytes e1 87 03, little-endian 16-bit words
+    assert any("shape: [5]" in h for h in header) and any("elements: 5" in h for h in header)
+    assert any("int4" in h for h in header) and any("packing" in h for h in header)
+    assert writers.hex_text(a, 8, "x").splitlines()[-3:] == ["e1", "87", "03"]
+    assert writers.hex_text(a, 64, "x").splitlines()[-1] == "00000000000387e1"
+    i2 = np.array([1, -2, 0, 1, -1], dtype=qemu_q.ELEMENT_TYPES["int2"].dtype)
+    assert writers.hex_text(i2, 32).splitlines()[-1] == "00000349"
+    with pytest.raises(ValueError, match="word_bits"):
+        writers.hex_text(a, 12)
+
+
+def test_storage_round_trip():
+    for name, etype in qemu_q.ELEMENT_TYPES.items():
+        codes = np.arange(1 << min(etype.bits, 8), dtype=np.uint8)
+        if etype.kind == "integer":
+            array = np.arange(max(etype.lo, -300), min(etype.hi, 300) + 1).astype(etype.dtype)
+        else:
+            array = codes.view(etype.dtype) if etype.storage.itemsize == 1 else \
+                np.arange(0, 65536, 97, dtype=np.uint16).view(etype.dtype)
+        stored = writers.to_storage(array)
+        assert stored.dtype.type.__module__ == "numpy", name
+        back = writers.from_storage(stored, name)
+        assert back.dtype == array.dtype and _bits(back) == _bits(array), name
+
+
+def test_cases_do_not_depend_on_the_selection():
+    config = next(c for c in golden.iter_configs() if c.family == "random"
+                  and c.qtype == "int4" and c.granularity == "blocked")
+    narrow = golden.Selection(ops=("dq", "q"), opsets=(config.version,), types=("int4",),
+                              granularities=("blocked",), families=("random",))
+    assert config in list(golden.iter_configs(narrow))
+    a, b = golden.build_case(config), golden.build_case(config)
+    assert all(_bits(x) == _bits(y) for (_, x), (_, y) in zip(a.inputs, b.inputs))
+    c = golden.build_case(config, seed=1)
+    assert any(_bits(x) != _bits(y) for (_, x), (_, y) in zip(a.inputs, c.inputs))
+    d = golden.build_case(config, size=200)
+    assert d.inputs[0][1].size >= 200
+
+
+def test_selection_by_opset_resolves_versions():
+    configs = list(golden.iter_configs(golden.Selection(opsets=(20,))))
+    assert {(c.op_type, c.version) for c in configs} == {
+        ("QuantizeLinear", 19), ("DequantizeLinear", 19), ("DynamicQuantizeLinear", 11)}
+
+
+# --------------------------------------------------------------------------------------
+# Without onnx
+
+
+def test_npz_and_hex_without_onnx(tmp_path):
+    """The core, the writers and the CLI import without onnx; --format onnx says why not."""
+    script = f"""
+import sys
+sys.modules["onnx"] = None  # import onnx raises ImportError
+sys.path.insert(0, {str(ROOT)!r})
+from qemu_q import cli
+code = cli.main(["golden", "--out", {str(tmp_path / 'a')!r}, "--op", "q", "--opset", "10"])
+assert code == 0, code
+code = cli.main(["golden", "--out", {str(tmp_path / 'b')!r}, "--format", "onnx"])
+assert code == 1, code
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "the onnx format needs the onnx package: pip install qemu_q[onnx]" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "a" / "manifest.json").is_file()
+    assert not list((tmp_path / "a").rglob("*.onnx"))
+    assert list((tmp_path / "a").rglob("*.hex")) and list((tmp_path / "a").rglob("*.npz"))
+
+
+# --------------------------------------------------------------------------------------
+# Verilog: a testbench reads the hex files with $readmemh and unpacks the elements
+
+
+@pytest.fixture(scope="module")
+def testbench(tmp_path_factory):
+    iverilog, vvp = shutil.which("iverilog"), shutil.which("vvp")
+    if not (iverilog and vvp):
+        if os.environ.get("CI"):
+            pytest.fail("iverilog is required in CI (.ci/run installs it)")
+        pytest.skip("iverilog is not installed (apt-get install -y iverilog); "
+                    "CI runs this test")
+    build = tmp_path_factory.mktemp("verilog")
+    compiled = build / "unpack_tb.vvp"
+    subprocess.run([iverilog, "-g2005", "-Wall", "-o", str(compiled), str(TESTBENCH)],
+                   check=True, capture_output=True, text=True)
+    return vvp, compiled
+
+
+def _simulate(testbench, path, word_bits, etype, count):
+    vvp, compiled = testbench
+    signed = int(etype.kind == "integer" and etype.lo < 0)
+    done = subprocess.run(
+        [vvp, "-N", str(compiled), f"+hex={path}", f"+word={word_bits}", f"+bits={etype.bits}",
+         f"+count={count}", f"+signed={signed}"],
+        check=True, capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("ERROR")], done.stdout
+    return [int(line[2:]) for line in lines if line.startswith("E ")]
+
+
+def _expected_values(array):
+    etype = qemu_q.element_type(array.dtype)
+    if etype.kind == "integer":
+        return [int(v) for v in array.reshape(-1).astype(np.int64)]
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[array.dtype.itemsize]
+    return [int(v) for v in np.ascontiguousarray(array).reshape(-1).view(unsigned)]
+
+
+@pytest.mark.parametrize("word_bits", [8, 16, 32, 64])
+def test_verilog_testbench_unpacks_hex(testbench, tmp_path, word_bits):
+    out = tmp_path / "golden"
+    # every code of every quantized type (DequantizeLinear inputs), scales, float outputs
+    assert cli.main(["golden", "--out", str(out), "--op", "dq", "--family", "codes",
+                     "--opset", "28", "--format", "hex,npz",
+                     "--word-bits", str(word_bits)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    seen = set()
+    for entry in manifest["cases"]:
+        _meta, arrays = writers.read_npz(out / entry["npz"])
+        for tensor in entry["inputs"] + entry["outputs"]:
+            array = arrays[tensor["npz_key"]]
+            key = (tensor["type"], array.ndim == 0)
+            if key in seen:
+                continue
+            seen.add(key)
+            etype = qemu_q.element_type(array.dtype)
+            got = _simulate(testbench, out / tensor["hex"], word_bits, etype, array.size)
+            assert got == _expected_values(array), (entry["name"], tensor["name"])
+    types = {t for t, _ in seen}
+    assert types == set(qemu_q.ELEMENT_TYPES), set(qemu_q.ELEMENT_TYPES) - types
+
+
+@pytest.mark.parametrize("word_bits", [16, 64])
+def test_verilog_testbench_odd_counts(testbench, tmp_path, word_bits):
+    """Counts that leave a partly filled byte and word, for every element type."""
+    rng = np.random.default_rng(5)
+    for name, etype in qemu_q.ELEMENT_TYPES.items():
+        count = 13
+        if etype.kind == "integer":
+            array = rng.integers(etype.lo, etype.hi + 1, size=count).astype(etype.dtype)
+        else:
+            width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[etype.dtype.itemsize]
+            bits = rng.integers(0, 1 << min(etype.bits, 32), size=count, dtype=np.uint64)
+            array = bits.astype(width).view(etype.dtype)
+        path = tmp_path / f"{name}.hex"
+        path.write_text(writers.hex_text(array, word_bits, name))
+        got = _simulate(testbench, path, word_bits, etype, count)
+        assert got == _expected_values(array), name
