@@ -242,23 +242,37 @@ cdef inline uint16_t pack_value_format(float v, int value_format) noexcept nogil
     return float_to_bfloat16_bits(v)
 
 
+cdef enum:
+    # float32 bits of 1.5 * 2**23, the rounding constant of round_biased.
+    ROUND_MAGIC_BITS = 0x4B400000
+
+
 cdef inline int encode_integer(float q, float zero_point, float lo, float hi, int mask) noexcept nogil:
     # q is the quotient already rounded to the division precision. Round half to even,
-    # add the zero point, saturate; NaN lands on lo because every comparison with it fails.
-    return (round_clamped(q, lo - zero_point, hi - zero_point) + <int>zero_point) & mask
+    # add the zero point, saturate; NaN gives lo.
+    return saturate_biased(round_biased(q), <int32_t>zero_point, <int32_t>lo, <int32_t>hi) & mask
 
 
-cdef inline int round_clamped(float q, float q_lo, float q_hi) noexcept nogil:
-    # RNE(clamp(q, q_lo, q_hi)) for integer bounds with |q_lo|, |q_hi| < 2**22; NaN gives
-    # q_lo (both comparisons fail). Clamping first and rounding after is the same as
-    # rounding first: the bounds are integers and rounding is monotonic. Adding 1.5 * 2**23
-    # puts the clamped value in [2**23, 2**24), where the float32 ulp is 1: the FPU rounds
-    # it to an integer (ties to even, the default mode) and the integer sits in the low
-    # mantissa bits. Branch-free, so the loops around it vectorize.
-    cdef float magic = 12582912.0  # typed: a double literal would promote the sum
-    q = q if q >= q_lo else q_lo
-    q = q if q <= q_hi else q_hi
-    return <int>(<int32_t>float_bits(q + magic) - <int32_t>0x4B400000)
+cdef inline int32_t round_biased(float q) noexcept nogil:
+    # RNE(q) + ROUND_MAGIC_BITS for |q| < 2**22, and a value that orders like q beyond:
+    # adding 1.5 * 2**23 puts q in [2**23, 2**24), where the float32 ulp is 1, so the FPU
+    # rounds it to an integer (ties to even, the default mode) that sits in the low
+    # mantissa bits; outside that binade the bits of a positive float still increase with
+    # it, and a sum <= 0 reads as a negative int32. NaN gives INT32_MIN. Branch-free, and
+    # integer-only after the add, so the loops vectorize without mask juggling.
+    cdef float t = q + <float>12582912.0
+    return select_i32(t == t, <int32_t>float_bits(t), <int32_t>(-2147483647 - 1))
+
+
+cdef inline int32_t saturate_biased(int32_t biased, int32_t zero_point, int32_t lo, int32_t hi) noexcept nogil:
+    # clamp(RNE(q) + zero_point, lo, hi) from biased = round_biased(q), for |lo|, |hi|,
+    # |zero_point| < 2**17: the bounds are moved into the biased domain, where NaN
+    # (INT32_MIN) lands on lo, +-inf and huge quotients on hi / lo.
+    cdef int32_t biased_lo = <int32_t>ROUND_MAGIC_BITS + lo - zero_point
+    cdef int32_t biased_hi = <int32_t>ROUND_MAGIC_BITS + hi - zero_point
+    biased = biased if biased > biased_lo else biased_lo
+    biased = biased if biased < biased_hi else biased_hi
+    return biased - <int32_t>ROUND_MAGIC_BITS + zero_point
 
 
 cdef inline int encode_small_float(double q, const SmallFloatFormat* f, bint saturate) noexcept nogil:
@@ -385,3 +399,60 @@ cdef inline int encode_small_float32(float q, const SmallFloat32Encoder* e) noex
     code = code if magnitude <= max_code else overflow
     code = code if a <= 0x7F800000 else nan
     return code
+
+
+cdef inline float select_f32(bint condition, float if_true, float if_false) noexcept nogil:
+    # select_i32 on the bits: both operands computed, no branch, no speculation needed.
+    return bits_float(<uint32_t>select_i32(condition, <int32_t>float_bits(if_true), <int32_t>float_bits(if_false)))
+
+
+# Decoding a small-float code into its float32 value with integer operations, for the
+# vectorized DequantizeLinear loops: the same values (bit for bit, NaN signs included) as
+# decode_small_float, whose table serves the general loops.
+cdef struct SmallFloat32Decoder:
+    int32_t code_mask         # the code's width
+    int32_t sign_shift        # width - 1
+    int32_t magnitude_mask
+    int32_t shift             # 23 - mantissa bits: where the magnitude goes in a float32
+    int32_t exponent_rebias   # (127 - bias) << 23
+    int32_t min_normal_magnitude  # 1 << mantissa bits: below it, subnormal
+    float subnormal_step      # 2**(min_exponent - mantissa_bits)
+    int32_t inf_magnitude     # -1 where there is no inf code
+    int32_t nan_magnitude     # magnitudes from here up are NaN (a large value where none)
+    int32_t nan_code          # a whole code that is NaN (FNUZ 0x80), else -1
+
+
+cdef inline SmallFloat32Decoder small_float32_decoder(int fmt_id) noexcept nogil:
+    cdef SmallFloatFormat f = small_float_format(fmt_id)
+    cdef SmallFloat32Decoder d
+    d.code_mask = (1 << f.width) - 1
+    d.sign_shift = f.width - 1
+    d.magnitude_mask = (1 << (f.width - 1)) - 1
+    d.shift = 23 - f.mantissa_bits
+    d.exponent_rebias = (127 - f.bias) << 23
+    d.min_normal_magnitude = 1 << f.mantissa_bits
+    d.subnormal_step = <float>pow2(f.min_exponent - f.mantissa_bits)
+    d.inf_magnitude = f.inf_code
+    d.nan_magnitude = 1 << 30
+    d.nan_code = -1
+    if f.unsigned_zero:
+        d.nan_code = f.nan_code
+    elif f.inf_code >= 0:
+        d.nan_magnitude = f.inf_code + 1
+    elif f.nan_code >= 0:
+        d.nan_magnitude = f.nan_code
+    return d
+
+
+cdef inline float decode_small_float32(uint32_t stored, const SmallFloat32Decoder* d) noexcept nogil:
+    cdef int32_t code = <int32_t>stored & d.code_mask
+    cdef uint32_t sign = (<uint32_t>code >> d.sign_shift) << 31
+    cdef int32_t magnitude = code & d.magnitude_mask
+    cdef int32_t normal = (magnitude << d.shift) + d.exponent_rebias
+    cdef int32_t subnormal = <int32_t>float_bits(<float>magnitude * d.subnormal_step)
+    cdef int32_t bits = select_i32(magnitude < d.min_normal_magnitude, subnormal, normal)
+    bits = select_i32(magnitude == d.inf_magnitude, 0x7F800000, bits)
+    bits = select_i32(magnitude >= d.nan_magnitude, 0x7FC00000, bits)
+    bits = bits | <int32_t>sign
+    bits = select_i32(code == d.nan_code, <int32_t>0xFFC00000, bits)
+    return bits_float(<uint32_t>bits)

@@ -14,6 +14,7 @@ from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t
 
 from _codecs cimport (
     y_storage_t, SmallFloatFormat, small_float_format, decode_small_float,
+    SmallFloat32Decoder, small_float32_decoder, decode_small_float32, select_f32,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, round_to_value_format,
     pack_value_format,
 )
@@ -21,6 +22,7 @@ from _layout cimport (
     Layout, Segment, Cursor, RUN_CHUNK, make_layout, layout_tasks, cursor_at, next_segment,
 )
 from _subbyte cimport unpack_codes
+from _prefetch cimport prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD
 
 cdef enum:
     # Codes unpacked into a stack buffer before they are dequantized: a multiple of 8.
@@ -38,6 +40,8 @@ ctypedef fused dq_code_t:
 cdef struct DequantizePlan:
     const float* table      # value of each 8-bit code
     bint integer_bytes      # 8-bit storage of an integer type: decode arithmetically
+    bint small_float_bytes  # 8-bit storage of a small float: decode on the bits
+    SmallFloat32Decoder decoder
     int code_shift          # 32 - bits: the code's bits are moved to the top of an int32 ...
     bint code_signed        # ... and back, arithmetically (signed) or logically (unsigned)
     bint signed16           # uint16_t storage holds int16
@@ -112,6 +116,27 @@ cdef inline void run_integer_bytes_f32(const uint8_t* x, float* y, Py_ssize_t n,
                 y[i] = (<float>integer_code(x[i], shift, False) - z) * s
 
 
+cdef inline void run_small_float_bytes_f32(const uint8_t* x, float* y, Py_ssize_t n, const float* scale,
+                                          const float* zero_point, bint params_vary,
+                                          const SmallFloat32Decoder* decoder) noexcept nogil:
+    # Small-float codes decoded on the bits; x - zero_point (a +-0) and the product are
+    # exact or correctly rounded in float32. A NaN code wins over a NaN scale: the
+    # select is on the decoded value, written branch-free so that the loop vectorizes.
+    cdef SmallFloat32Decoder dec = decoder[0]
+    cdef Py_ssize_t i
+    cdef float s, z, d
+    if params_vary:
+        for i in range(n):
+            d = decode_small_float32(x[i], &dec) - zero_point[i]
+            y[i] = select_f32(d == d, d * scale[i], d)
+    else:
+        s = scale[0]
+        z = zero_point[0]
+        for i in range(n):
+            d = decode_small_float32(x[i], &dec) - z
+            y[i] = select_f32(d == d, d * s, d)
+
+
 cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, Py_ssize_t param_index,
                              bint params_vary, const DequantizePlan* p) noexcept nogil:
     # Everything the loops need is read into locals first: stores through y (a character
@@ -138,6 +163,9 @@ cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, P
                 run_integer_bytes_f32(x, y, n, scale32, zero_point32, params_vary, p.code_shift,
                                       p.code_signed)
                 return
+            if p.small_float_bytes and p.fast:
+                run_small_float_bytes_f32(x, y, n, scale32, zero_point32, params_vary, &p.decoder)
+                return
         # Codes and zero points below 2**17 and 4-bit-mantissa small floats make x - zp
         # exact in float32, and the float32 product of it with a float32 scale is the
         # correctly rounded exact product. A NaN code wins over a NaN scale, whatever
@@ -163,24 +191,33 @@ cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, P
 
 cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
                                   Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
-    # Elements [start, end), codes read from x[0 : end - start], into y[start : end].
+    # Elements [start, end): codes read from x[0 : end - start], values written to
+    # y[0 : end - start], PREFETCH_BLOCK elements at a time, each block prefetching the
+    # codes PREFETCH_AHEAD elements further on.
     cdef Cursor c
     cdef Segment seg
-    cursor_at(&p.layout, start, end, &c)
-    while next_segment(&p.layout, &c, &seg):
-        run_segment(x + (seg.start - start), y + seg.start, seg.length, seg.param_index,
-                    seg.params_vary, p)
+    cdef Py_ssize_t block = start
+    cursor_at(&p.layout, start, start, &c)
+    while block < end:
+        c.end = min(block + <Py_ssize_t>PREFETCH_BLOCK, end)
+        prefetch(x + (block - start) + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(dq_code_t))
+        while next_segment(&p.layout, &c, &seg):
+            run_segment(x + (seg.start - start), y + (seg.start - start), seg.length,
+                        seg.param_index, seg.params_vary, p)
+        block = c.end
 
 
 cdef inline void dequantize_task(const dq_code_t* x, y_storage_t* y, const DequantizePlan* p,
                                  Py_ssize_t task) noexcept nogil:
     cdef Py_ssize_t start = task * RUN_CHUNK
     cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
-    dequantize_range(x + start, y, start, end, p)
+    dequantize_range(x + start, y + start, start, end, p)
 
 
 cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_storage_t* y,
                                         const DequantizePlan* p, Py_ssize_t task) noexcept nogil:
+    # Unpack a cache-sized piece into a stack buffer, dequantize it, go on: the
+    # one-per-byte codes never reach memory.
     cdef uint8_t buffer[UNPACK_BUFFER]
     cdef Py_ssize_t start = task * RUN_CHUNK
     cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
@@ -189,7 +226,7 @@ cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_stora
     while piece < end:
         piece_end = min(piece + <Py_ssize_t>UNPACK_BUFFER, end)
         unpack_codes(packed + piece * bits // 8, piece_end - piece, buffer, bits)
-        dequantize_range(buffer, y, piece, piece_end, p)
+        dequantize_range(buffer, y + piece, piece, piece_end, p)
         piece = piece_end
 
 
@@ -197,12 +234,14 @@ cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const do
                               const float[::1] scale32, const float[::1] zero_point32,
                               Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                               int granularity, Py_ssize_t block_size, const float[::1] table,
-                              int integer_bits, bint integer_signed, bint signed16, int out_format,
-                              bint fast):
+                              int integer_bits, bint integer_signed, int small_float_id,
+                              bint signed16, int out_format, bint fast):
     cdef DequantizePlan p
     p.layout = make_layout(size, outer, axis_len, inner, granularity, block_size)
     p.table = &table[0]
     p.integer_bytes = 0 < integer_bits <= 8
+    p.small_float_bytes = small_float_id >= 0
+    p.decoder = small_float32_decoder(small_float_id if small_float_id >= 0 else 0)
     p.code_shift = 32 - integer_bits if p.integer_bytes else 0
     p.code_signed = integer_signed
     p.signed16 = signed16
@@ -219,11 +258,12 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
                y_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                int granularity, Py_ssize_t block_size, const float[::1] table, bint signed16,
                int out_format, int n_threads, int integer_bits=0, bint integer_signed=False,
-               bint fast=True):
+               int small_float_id=-1, bint fast=True):
     """Dequantize codes x (flattened, C order, outer x axis_len x inner) into `out`.
 
     8-bit codes are decoded through `table` (256 values), or, for an integer type of
-    `integer_bits` <= 8 bits, arithmetically; 16-bit codes are int16 when `signed16`.
+    `integer_bits` <= 8 bits or the small float `small_float_id` (>= 0), on their bits;
+    16-bit codes are int16 when `signed16`.
     `out` holds float32 values or float16/bfloat16 bit patterns (out_format). `fast=False`
     forces the table and the general loops (the tests compare the two).
     """
@@ -235,11 +275,11 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
     scale32 = np.asarray(scale, dtype=np.float32)
     zero_point32 = np.asarray(zero_point, dtype=np.float32)
     p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
-                  granularity, block_size, table, integer_bits, integer_signed, signed16,
-                  out_format, fast)
+                  granularity, block_size, table, integer_bits, integer_signed, small_float_id,
+                  signed16, out_format, fast)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='static', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
             dequantize_task(&x[0], &out[0], &p, task)
     else:
         with nogil:
@@ -251,7 +291,7 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
                       const double[::1] zero_point, y_storage_t[::1] out, Py_ssize_t outer,
                       Py_ssize_t axis_len, Py_ssize_t inner, int granularity, Py_ssize_t block_size,
                       const float[::1] table, int out_format, int n_threads, int integer_bits=0,
-                      bint integer_signed=False, bint fast=True):
+                      bint integer_signed=False, int small_float_id=-1, bint fast=True):
     """As `dequantize`, reading `size` codes of `bits` bits (2, 4 or 6) from the ONNX
     raw_data layout in `packed`."""
     cdef Py_ssize_t task, n_tasks
@@ -261,11 +301,11 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
     scale32 = np.asarray(scale, dtype=np.float32)
     zero_point32 = np.asarray(zero_point, dtype=np.float32)
     p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
-                  granularity, block_size, table, integer_bits, integer_signed, False,
-                  out_format, fast)
+                  granularity, block_size, table, integer_bits, integer_signed, small_float_id,
+                  False, out_format, fast)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='static', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
             dequantize_packed_task(&packed[0], bits, &out[0], &p, task)
     else:
         with nogil:

@@ -20,9 +20,10 @@ from _codecs cimport (
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT,
     float16_to_float, bfloat16_to_float, divide_to_value_format,
-    encode_integer, round_clamped, encode_small_float,
+    encode_integer, round_biased, saturate_biased, encode_small_float,
 )
 from _subbyte cimport pack_codes
+from _prefetch cimport prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD
 
 cdef enum:
     # Codes quantized into a stack buffer (L1-resident) before they are packed: a multiple
@@ -52,6 +53,7 @@ cdef struct QuantizePlan:
     const double* zero_point
     const float* scale32       # the same values as float32 (exact on the float32 paths)
     const float* zero_point32
+    const int32_t* zero_point_int  # integer zero points as int32
 
 
 cdef inline double load_double(x_storage_t v, int x_format) noexcept nogil:
@@ -97,25 +99,22 @@ cdef inline void run_general(const x_storage_t* x, code_storage_t* y, Py_ssize_t
 
 
 cdef inline void run_f32_integer(const float* x, code_storage_t* y, Py_ssize_t n,
-                                 const float* scale, const float* zero_point, bint params_vary,
-                                 float lo, float hi, int mask) noexcept nogil:
-    # One float32 division (the correctly rounded quotient), then the branch-free
-    # clamp-and-round of round_clamped: divps, two compares/blends, an add, a subtract.
+                                 const float* scale, const int32_t* zero_point, bint params_vary,
+                                 int32_t lo, int32_t hi, int32_t mask) noexcept nogil:
+    # One float32 division (the correctly rounded quotient), one add that rounds it, then
+    # integer operations: vdivps, vaddps, a compare and blend for NaN, vpmaxsd, vpminsd,
+    # two adds.
     cdef Py_ssize_t i
-    cdef float s, z, q_lo, q_hi
-    cdef int zi
+    cdef float s
+    cdef int32_t z
     if params_vary:
         for i in range(n):
-            z = zero_point[i]
-            y[i] = <code_storage_t>((round_clamped(x[i] / scale[i], lo - z, hi - z) + <int>z) & mask)
+            y[i] = <code_storage_t>(saturate_biased(round_biased(x[i] / scale[i]), zero_point[i], lo, hi) & mask)
     else:
         s = scale[0]
         z = zero_point[0]
-        q_lo = lo - z
-        q_hi = hi - z
-        zi = <int>z
         for i in range(n):
-            y[i] = <code_storage_t>((round_clamped(x[i] / s, q_lo, q_hi) + zi) & mask)
+            y[i] = <code_storage_t>(saturate_biased(round_biased(x[i] / s), z, lo, hi) & mask)
 
 
 cdef inline void run_f32_small_float(const float* x, uint8_t* y, Py_ssize_t n,
@@ -140,8 +139,8 @@ cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t
                              Py_ssize_t param_index, bint params_vary, const QuantizePlan* p) noexcept nogil:
     if x_storage_t is float:
         if p.path == PATH_F32_INTEGER:
-            run_f32_integer(x, y, n, p.scale32 + param_index, p.zero_point32 + param_index,
-                            params_vary, p.lo, p.hi, p.mask)
+            run_f32_integer(x, y, n, p.scale32 + param_index, p.zero_point_int + param_index,
+                            params_vary, <int32_t>p.lo, <int32_t>p.hi, p.mask)
             return
         if code_storage_t is uint8_t:
             if p.path == PATH_F32_SMALL_FLOAT:
@@ -153,13 +152,19 @@ cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t
 
 cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
                                 Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
-    # Elements [start, end) into y[0 : end - start].
+    # Elements [start, end) into y[0 : end - start], PREFETCH_BLOCK elements at a time,
+    # each block prefetching x PREFETCH_AHEAD elements further on.
     cdef Cursor c
     cdef Segment seg
-    cursor_at(&p.layout, start, end, &c)
-    while next_segment(&p.layout, &c, &seg):
-        run_segment(x + seg.start, y + (seg.start - start), seg.length, seg.param_index,
-                    seg.params_vary, p)
+    cdef Py_ssize_t block = start
+    cursor_at(&p.layout, start, start, &c)
+    while block < end:
+        c.end = min(block + <Py_ssize_t>PREFETCH_BLOCK, end)
+        prefetch(x + block + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(x_storage_t))
+        while next_segment(&p.layout, &c, &seg):
+            run_segment(x + seg.start, y + (seg.start - start), seg.length, seg.param_index,
+                        seg.params_vary, p)
+        block = c.end
 
 
 cdef inline void quantize_task(const x_storage_t* x, code_storage_t* y, const QuantizePlan* p,
@@ -187,7 +192,7 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
 
 cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
                             const float[::1] scale32, const float[::1] zero_point32,
-                            Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
+                            const int32_t[::1] zero_point_int, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                             int granularity, Py_ssize_t block_size, int x_format, int precision,
                             bint fast_divide, int code_kind, double lo, double hi, int mask,
                             int small_float_id, bint saturate, int path):
@@ -207,6 +212,7 @@ cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const doub
     p.zero_point = &zero_point[0]
     p.scale32 = &scale32[0]
     p.zero_point32 = &zero_point32[0]
+    p.zero_point_int = &zero_point_int[0]
     p.path = path
     return p
 
@@ -241,13 +247,14 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
         return
     scale32 = np.asarray(scale, dtype=np.float32)
     zero_point32 = np.asarray(zero_point, dtype=np.float32)
-    p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
+    zero_point_int = np.asarray(zero_point).astype(np.int32) if code_kind == CODE_INTEGER else np.zeros(1, np.int32)
+    p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len, inner,
                   granularity, block_size, x_format, precision, fast_divide, code_kind, lo, hi,
                   mask, small_float_id, saturate,
                   choose_path(x_storage_t is float, fast_divide, code_kind, code_storage_t is uint8_t, fast))
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='static', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
             quantize_task(&x[0], &out[0], &p, task)
     else:
         with nogil:
@@ -269,13 +276,14 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
         return
     scale32 = np.asarray(scale, dtype=np.float32)
     zero_point32 = np.asarray(zero_point, dtype=np.float32)
-    p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
+    zero_point_int = np.asarray(zero_point).astype(np.int32) if code_kind == CODE_INTEGER else np.zeros(1, np.int32)
+    p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len, inner,
                   granularity, block_size, x_format, precision, fast_divide, code_kind, lo, hi,
                   mask, small_float_id, saturate,
                   choose_path(x_storage_t is float, fast_divide, code_kind, True, fast))
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='static', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
             quantize_packed_task(&x[0], &out[0], bits, &p, task)
     else:
         with nogil:

@@ -472,6 +472,7 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     # Integer codes of 8 bits or fewer are decoded arithmetically by the kernel.
     integer_bits = x_type.bits if x_type.kind == "integer" and x_type.bits <= 8 else 0
     integer_signed = x_type.kind == "integer" and x_type.lo < 0
+    small_float_id = x_type.small_float_id if x_type.kind == "small_float" else -1
     size = math.prod(x_shape)
     y = _prepare_output(out, x_shape, out_type, [("x", x if raw is None else raw), ("x_scale", scale)])
     n_threads = resolve_threads(n_threads, size)
@@ -479,14 +480,15 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
         _kernels.active.dequantize.dequantize_packed(
             raw, x_type.bits, size, scale_values, zp_values, y.reshape(-1).view(out_type.storage),
             gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
-            table, out_type.value_format, n_threads, integer_bits, integer_signed, _FAST_KERNELS,
+            table, out_type.value_format, n_threads, integer_bits, integer_signed, small_float_id,
+            _FAST_KERNELS,
         )
         return y
     _kernels.active.dequantize.dequantize(
         _flat_storage(x, x_type), scale_values, zp_values, y.reshape(-1).view(out_type.storage),
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
         table, x_type.name == "int16", out_type.value_format, n_threads,
-        integer_bits, integer_signed, _FAST_KERNELS,
+        integer_bits, integer_signed, small_float_id, _FAST_KERNELS,
     )
     return y
 

@@ -1,0 +1,557 @@
+"""Benchmarks: qemu_q against onnxruntime, onnx.reference and ml_dtypes casts.
+
+One process; every implementation of a case is timed in turn, round after round
+(alternating runs, so that a burst of load from elsewhere hits them alike), and the best
+round counts. onnxruntime runs on its CPU execution provider with 2 intra-op threads,
+graph optimizations off, inputs and preallocated outputs bound as OrtValues (IOBinding:
+how it takes and returns int4 and float8 tensors). qemu_q writes into preallocated
+outputs too (`out=`). The targets of issue 5 are ratios t(qemu_q) / t(onnxruntime) of the
+same run; the table says PASS or FAIL for each, and for "at most 0.05 of onnx.reference".
+
+    python benchmarks/run.py                       # 4096x4096 cases, then the size sweep
+    python benchmarks/run.py --quick               # fewer rounds, sweep 2^10..2^20
+    python benchmarks/run.py --cases q_int8_tensor,dq_f8e4m3fn --no-sweep
+    python benchmarks/run.py --sweep-max 24 --sweep-cases q_int8_tensor
+    python benchmarks/run.py --json benchmarks/results.json   # for benchmarks/plot.py
+    python benchmarks/run.py --list                # the cases
+
+Needs the `bench` extra (onnx, onnxruntime; matplotlib for the plot). Timings on a busy
+machine are noisy: raise --repeat, and compare ratios from one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+# numpy's BLAS thread pool would otherwise sit on the cores the timed kernels use.
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+# Benchmark the working tree's build when run from a checkout (an installed qemu_q
+# otherwise).
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(_ROOT, "qemu_q")):
+    sys.path.insert(0, _ROOT)
+
+import ml_dtypes  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+import qemu_q  # noqa: E402
+from qemu_q import _kernels  # noqa: E402
+
+OPSET = 21  # the newest version every case exists in for both runtimes
+SEED = 20240605
+
+# ONNX element types of the cases: (TensorProto id, numpy dtype, bits).
+TYPES = {
+    "int8": (TensorProto.INT8, np.dtype(np.int8), 8),
+    "uint8": (TensorProto.UINT8, np.dtype(np.uint8), 8),
+    "int16": (TensorProto.INT16, np.dtype(np.int16), 16),
+    "int4": (TensorProto.INT4, np.dtype(ml_dtypes.int4), 4),
+    "float8e4m3fn": (TensorProto.FLOAT8E4M3FN, np.dtype(ml_dtypes.float8_e4m3fn), 8),
+    "float8e5m2": (TensorProto.FLOAT8E5M2, np.dtype(ml_dtypes.float8_e5m2), 8),
+}
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    name: str
+    op: str  # "Q" or "DQ"
+    qtype: str  # the quantized type
+    granularity: str  # "tensor", "axis0", "axis1", "block32"
+    saturate: int = 1
+    packed: bool = False  # qemu_q writes (Q) or reads (DQ) the ONNX raw_data bytes
+    target: float | None = None  # t(qemu_q) / t(onnxruntime)
+    note: str = ""
+
+    @property
+    def title(self) -> str:
+        gran = {"tensor": "per-tensor", "axis0": "per-axis axis=0", "axis1": "per-axis axis=1",
+                "block32": "blocked 32 axis=1"}[self.granularity]
+        sat = f" sat={self.saturate}" if self.qtype.startswith("float8") and self.op == "Q" else ""
+        pk = " +pack" if self.packed else ""
+        if self.op == "Q":
+            return f"Q f32->{self.qtype} {gran}{sat}{pk}"
+        return f"DQ {self.qtype}->f32 {gran}{pk}"
+
+
+CASES = [
+    CaseSpec("q_int8_tensor", "Q", "int8", "tensor", target=1.0),
+    CaseSpec("q_uint8_tensor", "Q", "uint8", "tensor", target=1.0),
+    CaseSpec("q_int16_tensor", "Q", "int16", "tensor", target=1.0),
+    CaseSpec("q_int8_axis0", "Q", "int8", "axis0", target=1.0),
+    CaseSpec("q_uint8_axis0", "Q", "uint8", "axis0", target=1.0),
+    CaseSpec("q_int16_axis0", "Q", "int16", "axis0", target=1.0),
+    CaseSpec("q_int8_axis1", "Q", "int8", "axis1", target=0.02),
+    CaseSpec("q_int4_block32", "Q", "int4", "block32", packed=True, target=1.0),
+    CaseSpec("q_f8e4m3fn_sat1", "Q", "float8e4m3fn", "tensor", saturate=1, target=0.1),
+    CaseSpec("q_f8e4m3fn_sat0", "Q", "float8e4m3fn", "tensor", saturate=0, target=0.1),
+    CaseSpec("q_f8e5m2_sat1", "Q", "float8e5m2", "tensor", saturate=1, target=0.1),
+    CaseSpec("q_f8e5m2_sat0", "Q", "float8e5m2", "tensor", saturate=0, target=0.1),
+    CaseSpec("dq_int8_tensor", "DQ", "int8", "tensor", target=1.0),
+    CaseSpec("dq_int8_axis1", "DQ", "int8", "axis1", target=0.2),
+    CaseSpec("dq_f8e4m3fn", "DQ", "float8e4m3fn", "tensor", target=0.5),
+    CaseSpec("dq_int4_block32", "DQ", "int4", "block32", packed=True),
+]
+CASES_BY_NAME = {c.name: c for c in CASES}
+SWEEP_CASES = ["q_int8_tensor", "q_f8e4m3fn_sat1", "dq_int8_tensor", "dq_f8e4m3fn"]
+REFERENCE_LIMIT = 0.05  # every case: t(qemu_q) <= 0.05 t(onnx.reference)
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+@dataclass
+class Inputs:
+    x: np.ndarray  # Q: float32 values; DQ: codes (ml_dtypes / numpy dtype of the type)
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int
+    block_size: int
+    bytes_moved: int  # bytes read plus bytes written by one run (the roofline's traffic)
+
+
+def _zero_point_values(qtype: str, n: int, rng) -> np.ndarray:
+    dtype = TYPES[qtype][1]
+    if qtype.startswith("float8"):
+        return np.zeros(n, np.float32).astype(dtype)
+    lo, hi = {"int8": (-8, 8), "uint8": (120, 136), "int16": (-100, 100), "int4": (-1, 2)}[qtype]
+    return rng.integers(lo, hi, n).astype(dtype)
+
+
+def make_inputs(spec: CaseSpec, shape: tuple[int, ...], rng) -> Inputs:
+    qdtype, bits = TYPES[spec.qtype][1], TYPES[spec.qtype][2]
+    size = math.prod(shape)
+    base_scale = {"int8": 0.05, "uint8": 0.05, "int16": 0.0005, "int4": 0.5,
+                  "float8e4m3fn": 1 / 32, "float8e5m2": 1 / 32}[spec.qtype]
+    axis, block_size = 1, 0
+    if spec.granularity == "tensor":
+        scale = np.array(base_scale, np.float32)
+        zp = _zero_point_values(spec.qtype, 1, rng).reshape(())
+    elif spec.granularity in ("axis0", "axis1"):
+        axis = 0 if spec.granularity == "axis0" else 1
+        n = shape[axis]
+        scale = (base_scale * rng.uniform(0.5, 2.0, n)).astype(np.float32)
+        zp = _zero_point_values(spec.qtype, n, rng)
+    else:
+        block_size = 32
+        sshape = (shape[0], -(-shape[1] // block_size))
+        scale = (base_scale * rng.uniform(0.5, 2.0, sshape)).astype(np.float32)
+        zp = _zero_point_values(spec.qtype, math.prod(sshape), rng).reshape(sshape)
+    if spec.op == "Q":
+        x = (rng.standard_normal(shape, dtype=np.float32) * np.float32(3.0))
+        out_bytes = (size * bits + 7) // 8 if spec.packed else size * qdtype.itemsize
+        moved = x.nbytes + out_bytes
+    else:
+        if spec.qtype.startswith("float8") or spec.qtype == "int4":
+            codes = rng.integers(0, 256 if bits == 8 else 16, size, dtype=np.uint8)
+            x = codes.view(qdtype).reshape(shape) if bits == 8 else codes.astype(np.uint8).view(qdtype).reshape(shape)
+        else:
+            info = np.iinfo(qdtype)
+            x = rng.integers(info.min, int(info.max) + 1, shape, dtype=qdtype)
+        in_bytes = (size * bits + 7) // 8 if spec.packed else size * qdtype.itemsize
+        moved = in_bytes + size * 4
+    return Inputs(x, scale, zp, axis, block_size, moved)
+
+
+# --- implementations ----------------------------------------------------------------------------
+
+def _model(spec: CaseSpec, inputs: Inputs) -> onnx.ModelProto:
+    tid = TYPES[spec.qtype][0]
+    shape = list(inputs.x.shape)
+    attrs = {"axis": inputs.axis}
+    if inputs.block_size:
+        attrs["block_size"] = inputs.block_size
+    if spec.op == "Q":
+        attrs["saturate"] = spec.saturate if spec.qtype.startswith("float8") else 1
+        x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+        y_info = helper.make_tensor_value_info("y", tid, shape)
+        op = "QuantizeLinear"
+    else:
+        x_info = helper.make_tensor_value_info("x", tid, shape)
+        y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+        op = "DequantizeLinear"
+    scale = onnx.numpy_helper.from_array(inputs.scale, "scale")
+    zp = onnx.numpy_helper.from_array(inputs.zero_point, "zero_point")
+    node = helper.make_node(op, ["x", "scale", "zero_point"], ["y"], **attrs)
+    graph = helper.make_graph([node], spec.name, [x_info], [y_info], initializer=[scale, zp])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 10
+    return model
+
+
+def _ort_runner(spec: CaseSpec, inputs: Inputs, model: onnx.ModelProto, threads: int):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if os.environ.get("BENCH_ORT_NO_SPIN"):
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    shape = list(inputs.x.shape)
+    if spec.op == "Q":
+        x_value = ort.OrtValue.ortvalue_from_numpy(inputs.x)
+        y_value = ort.OrtValue.ortvalue_from_shape_and_type(shape, TYPES[spec.qtype][0])
+    else:
+        x_value = ort.OrtValue.ortvalue_from_shape_and_type(shape, TYPES[spec.qtype][0])
+        # The codes, in ONNX storage (sub-byte types packed), copied into the OrtValue once.
+        raw = qemu_q.pack(inputs.x)
+        np.ctypeslib.as_array(
+            (ctypes.c_ubyte * raw.size).from_address(x_value.data_ptr())
+        )[:] = raw
+        y_value = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32)
+    binding.bind_ortvalue_input("x", x_value)
+    binding.bind_ortvalue_output("y", y_value)
+
+    def run():
+        session.run_with_iobinding(binding)
+
+    def result():
+        if spec.op == "DQ":
+            return y_value.numpy()
+        count = math.prod(shape)
+        nbytes = (count * TYPES[spec.qtype][2] + 7) // 8
+        return np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(y_value.data_ptr())).copy()
+
+    run._keep = (session, binding, x_value, y_value)  # noqa: SLF001 - keep the OrtValues alive
+    return run, result
+
+
+def _qemu_runner(spec: CaseSpec, inputs: Inputs, threads: int):
+    kw = dict(axis=inputs.axis, block_size=inputs.block_size, opset=OPSET, n_threads=threads)
+    if spec.op == "Q":
+        if spec.qtype.startswith("float8"):
+            kw["saturate"] = spec.saturate
+        if spec.packed:
+            out = np.empty((inputs.x.size * TYPES[spec.qtype][2] + 7) // 8, np.uint8)
+            kw["packed"] = True
+        else:
+            out = np.empty(inputs.x.shape, TYPES[spec.qtype][1])
+
+        def run():
+            qemu_q.quantize_linear(inputs.x, inputs.scale, inputs.zero_point, out=out, **kw)
+
+        def result():
+            return out.copy() if spec.packed else qemu_q.pack(out)
+    else:
+        out = np.empty(inputs.x.shape, np.float32)
+        x = inputs.x
+        if spec.packed:
+            x = qemu_q.pack(inputs.x)
+            kw.update(packed=True, shape=inputs.x.shape)
+
+        def run():
+            qemu_q.dequantize_linear(x, inputs.scale, inputs.zero_point, out=out, **kw)
+
+        def result():
+            return out.copy()
+    return run, result
+
+
+def _reference_runner(spec: CaseSpec, inputs: Inputs, model: onnx.ModelProto):
+    evaluator = ReferenceEvaluator(model)
+    feeds = {"x": inputs.x}
+
+    def run():
+        with np.errstate(all="ignore"):
+            evaluator.run(None, feeds)
+
+    return run, None
+
+
+def _ml_dtypes_runner(spec: CaseSpec, inputs: Inputs):
+    """The float8 cast by ml_dtypes (numpy division, then the cast into a preallocated
+    array; ml_dtypes has no saturating cast: overflow gives NaN/inf, i.e. saturate=0)."""
+    if not spec.qtype.startswith("float8") or spec.granularity != "tensor":
+        return None
+    dtype = TYPES[spec.qtype][1]
+    if spec.op == "Q":
+        quotient = np.empty(inputs.x.shape, np.float32)
+        out = np.empty(inputs.x.shape, dtype)
+
+        def run():
+            np.divide(inputs.x, inputs.scale, out=quotient)
+            np.copyto(out, quotient, casting="unsafe")
+    else:
+        out = np.empty(inputs.x.shape, np.float32)
+
+        def run():
+            np.copyto(out, inputs.x, casting="unsafe")
+            np.multiply(out, inputs.scale, out=out)
+    return run, None
+
+
+@dataclass
+class Timing:
+    best: float = math.inf
+    samples: list = field(default_factory=list)
+
+
+def _calibrate(fn, min_sample: float) -> int:
+    """Calls per timed sample, so that a sample lasts at least min_sample seconds."""
+    fn()  # warm-up: page faults, thread-team start, lazy initialisation
+    start = time.perf_counter()
+    fn()
+    once = time.perf_counter() - start
+    return max(1, min(10000, math.ceil(min_sample / max(once, 1e-7))))
+
+
+def time_alternating(impls: dict, repeat: int, min_sample: float, limited: dict | None = None,
+                     settle: float = 0.01) -> dict:
+    """Best time per call of each implementation, over `repeat` rounds in which every
+    implementation runs once (`limited` caps the rounds of slow ones).
+
+    A pause of `settle` seconds before each sample lets the previous implementation's
+    thread pool stop spinning (OpenMP and onnxruntime workers busy-wait a while after a
+    run), so that no implementation pays for another's threads; then one untimed call
+    wakes the implementation's own pool (and warms its caches) before the timed calls, as
+    in a loop of back-to-back calls. Limited (slow, single-threaded) implementations get
+    no untimed call."""
+    limited = limited or {}
+    number = {name: _calibrate(fn, min_sample) for name, fn in impls.items()}
+    timings = {name: Timing() for name in impls}
+    for round_ in range(repeat):
+        for name, fn in impls.items():
+            if round_ >= limited.get(name, repeat):
+                continue
+            n = number[name]
+            time.sleep(settle)
+            if name not in limited:
+                fn()
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            t = (time.perf_counter() - start) / n
+            timings[name].samples.append(t)
+            timings[name].best = min(timings[name].best, t)
+    return {name: t.best for name, t in timings.items()}
+
+
+# --- the machine ------------------------------------------------------------------------------
+
+def measure_bandwidth(nbytes: int = 1 << 28, repeat: int = 7) -> dict:
+    """Memory bandwidth of a large numpy copy (STREAM "copy" counting: bytes read plus
+    bytes written), on 1 thread and on 2 threads each copying half."""
+    n = nbytes // 4
+    src = np.ones(n, np.float32)
+    dst = np.empty_like(src)
+    dst[...] = 0.0
+
+    def copy(lo, hi):
+        np.copyto(dst[lo:hi], src[lo:hi])
+
+    result = {}
+    for threads in (1, 2, 1, 2):
+        best = math.inf
+        for _ in range(repeat):
+            workers = [threading.Thread(target=copy, args=(i * n // threads, (i + 1) * n // threads))
+                       for i in range(threads)]
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            best = min(best, time.perf_counter() - start)
+        key = f"copy_{threads}t_GBps"
+        result[key] = max(result.get(key, 0.0), 2 * src.nbytes / best / 1e9)
+    return result
+
+
+def machine_info() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version()}
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in lscpu.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "L3 cache"):
+                info[key.strip()] = value.strip()
+    except OSError:
+        pass
+    info["versions"] = {
+        "qemu_q": qemu_q.__version__, "numpy": np.__version__, "onnxruntime": ort.__version__,
+        "onnx": onnx.__version__, "ml_dtypes": ml_dtypes.__version__,
+    }
+    info["qemu_q_kernels"] = _kernels.active.level
+    info["qemu_q_openmp"] = qemu_q.openmp_enabled()
+    info["qemu_q_path"] = os.path.dirname(qemu_q.__file__)
+    return info
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+def check_agreement(spec, qemu_result, ort_result) -> str:
+    """'same' when qemu_q's bytes equal onnxruntime's; else the count that differ (the
+    known onnxruntime divergences are in docs/divergences.md)."""
+    a, b = np.asarray(qemu_result), np.asarray(ort_result)
+    if a.dtype == np.float32:
+        a, b = a.view(np.uint32), b.view(np.uint32)
+    a, b = a.reshape(-1), b.reshape(-1)
+    if a.shape != b.shape:
+        return f"shape {a.shape} vs {b.shape}"
+    diff = int(np.count_nonzero(a != b))
+    return "same" if diff == 0 else f"{diff} differ"
+
+
+def run_case(spec: CaseSpec, shape, args, with_reference=True, with_single=True) -> dict:
+    rng = np.random.default_rng(SEED)
+    inputs = make_inputs(spec, shape, rng)
+    model = _model(spec, inputs)
+    impls, results = {}, {}
+    impls["qemu_q"], results["qemu_q"] = _qemu_runner(spec, inputs, args.threads)
+    if with_single:
+        impls["qemu_q_1t"], _ = _qemu_runner(spec, inputs, 1)
+    impls["onnxruntime"], results["onnxruntime"] = _ort_runner(spec, inputs, model, args.threads)
+    ml = _ml_dtypes_runner(spec, inputs)
+    if ml is not None:
+        impls["ml_dtypes"] = ml[0]
+    limited = {}
+    if with_reference:
+        impls["onnx.reference"], _ = _reference_runner(spec, inputs, model)
+        limited["onnx.reference"] = args.reference_repeat
+    min_sample = 0.002 if math.prod(shape) < (1 << 20) else 0.0
+    best = time_alternating(impls, args.repeat, min_sample, limited)
+    return {
+        "case": spec.name, "title": spec.title, "shape": list(shape), "size": math.prod(shape),
+        "bytes_moved": inputs.bytes_moved, "times": best, "target": spec.target,
+        "agreement": check_agreement(spec, results["qemu_q"](), results["onnxruntime"]()),
+    }
+
+
+def _fmt_ms(t):
+    if t is None or not math.isfinite(t):
+        return "-"
+    return f"{t * 1e3:.2f}" if t >= 1e-3 else f"{t * 1e3:.4f}"
+
+
+def print_table(rows, bandwidth):
+    roof_bw = bandwidth.get("copy_2t_GBps", 0.0) * 1e9
+    head = (f"{'case':<34} {'qemu_q':>8} {'1 thr':>8} {'x2thr':>5} {'ORT':>9} {'ml_dt':>8} "
+            f"{'ref':>9} {'q/ORT':>7} {'target':>7} {'':4} {'q/ref':>7} {'':4} {'roof%':>5}  bits vs ORT")
+    print(head)
+    print("-" * len(head))
+    all_pass = True
+    for r in rows:
+        t = r["times"]
+        q, ortt = t["qemu_q"], t["onnxruntime"]
+        ratio = q / ortt
+        tgt = r["target"]
+        verdict = "" if tgt is None else ("PASS" if ratio <= tgt else "FAIL")
+        ref = t.get("onnx.reference")
+        rref = q / ref if ref else None
+        rverdict = "" if rref is None else ("PASS" if rref <= REFERENCE_LIMIT else "FAIL")
+        all_pass &= verdict != "FAIL" and rverdict != "FAIL"
+        scaling = t["qemu_q_1t"] / q if "qemu_q_1t" in t else None
+        roof = (r["bytes_moved"] / roof_bw) / q * 100 if roof_bw else None
+        print(f"{r['title']:<34} {_fmt_ms(q):>8} {_fmt_ms(t.get('qemu_q_1t')):>8} "
+              f"{'' if scaling is None else f'{scaling:.2f}':>5} {_fmt_ms(ortt):>9} "
+              f"{_fmt_ms(t.get('ml_dtypes')):>8} {_fmt_ms(ref):>9} {ratio:7.3f} "
+              f"{'' if tgt is None else f'<={tgt:g}':>7} {verdict:4} "
+              f"{'' if rref is None else f'{rref:.4f}':>7} {rverdict:4} "
+              f"{'' if roof is None else f'{roof:.0f}':>5}  {r['agreement']}")
+    print("-" * len(head))
+    print("times in ms, best of the rounds; q/ORT and q/ref: time ratios of this run; roof%: "
+          "the copy-bandwidth time of the bytes moved over qemu_q's time")
+    print("ALL TARGETS MET" if all_pass else "SOME TARGETS MISSED")
+    return all_pass
+
+
+def run_sweep(args) -> list:
+    rows = []
+    for name in args.sweep_cases:
+        spec = CASES_BY_NAME[name]
+        for log2 in range(args.sweep_min, args.sweep_max + 1, args.sweep_step):
+            size = 1 << log2
+            shape = (size,)
+            with_ref = log2 <= args.sweep_reference_max
+            r = run_case(spec, shape, args, with_reference=with_ref)
+            rows.append(r)
+            t = r["times"]
+            print(f"  {spec.title:<32} 2^{log2:<2} " + "  ".join(
+                f"{k} {_fmt_ms(v)}" for k, v in t.items()), flush=True)
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", help="comma-separated case names (default: all; see --list)")
+    p.add_argument("--rows", type=int, default=4096, help="rows of the 2-D cases (default 4096)")
+    p.add_argument("--cols", type=int, default=4096, help="columns of the 2-D cases (default 4096)")
+    p.add_argument("--repeat", type=int, default=15, help="rounds per case (default 15)")
+    p.add_argument("--reference-repeat", type=int, default=2, help="rounds for onnx.reference (default 2)")
+    p.add_argument("--threads", type=int, default=2, help="threads for qemu_q and onnxruntime (default 2)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the size sweep")
+    p.add_argument("--sweep-only", action="store_true", help="only the size sweep")
+    p.add_argument("--sweep-cases", default=",".join(SWEEP_CASES), help="cases of the sweep (1-D shapes)")
+    p.add_argument("--sweep-min", type=int, default=10, help="smallest size, log2 (default 10)")
+    p.add_argument("--sweep-max", type=int, default=26, help="largest size, log2 (default 26)")
+    p.add_argument("--sweep-step", type=int, default=2, help="log2 step (default 2)")
+    p.add_argument("--sweep-reference-max", type=int, default=22,
+                   help="largest sweep size (log2) onnx.reference runs at (default 22)")
+    p.add_argument("--quick", action="store_true", help="5 rounds, sweep up to 2^20")
+    p.add_argument("--json", help="write the results here (for benchmarks/plot.py)")
+    p.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        for c in CASES:
+            print(f"{c.name:<18} {c.title:<36} target {'-' if c.target is None else f'<= {c.target:g}'}")
+        return 0
+    if args.quick:
+        args.repeat = min(args.repeat, 5)
+        args.reference_repeat = 1
+        args.sweep_max = min(args.sweep_max, 20)
+    args.sweep_cases = [c for c in args.sweep_cases.split(",") if c]
+    names = args.cases.split(",") if args.cases else [c.name for c in CASES]
+    unknown = [n for n in names + args.sweep_cases if n not in CASES_BY_NAME]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; see --list")
+
+    info = machine_info()
+    print(f"machine: {info.get('Model name', '?')}, {info.get('CPU(s)', '?')} CPUs; "
+          f"qemu_q {info['versions']['qemu_q']} ({info['qemu_q_kernels']} kernels, "
+          f"OpenMP {info['qemu_q_openmp']}) from {info['qemu_q_path']}")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    bandwidth = measure_bandwidth()
+    print("memory bandwidth (numpy copy, read+write): " + ", ".join(
+        f"{k.split('_')[1]} {v:.1f} GB/s" for k, v in bandwidth.items()), flush=True)
+    results = {"machine": info, "bandwidth": bandwidth, "threads": args.threads,
+               "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "cases": [], "sweep": []}
+    ok = True
+    if not args.sweep_only:
+        shape = (args.rows, args.cols)
+        print(f"\n{args.rows}x{args.cols} float32 ({args.rows * args.cols} elements), "
+              f"{args.repeat} rounds, {args.threads} threads:", flush=True)
+        for name in names:
+            row = run_case(CASES_BY_NAME[name], shape, args)
+            results["cases"].append(row)
+            print(f"  {row['title']:<34} " + "  ".join(
+                f"{k} {_fmt_ms(v)}" for k, v in row["times"].items()), flush=True)
+        print()
+        ok = print_table(results["cases"], bandwidth)
+    if not args.no_sweep and args.sweep_cases:
+        print(f"\nsize sweep 2^{args.sweep_min}..2^{args.sweep_max}:", flush=True)
+        results["sweep"] = run_sweep(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"\nwrote {args.json}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
