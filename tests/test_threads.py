@@ -1,0 +1,298 @@
+"""The optimized kernel paths give the same bits whatever runs them.
+
+Every result here is compared bit for bit with one computed by the kernels' general scalar
+path on one thread at the baseline instruction-set level (`qemu_q._ops._FAST_KERNELS =
+False` forces that path; tests/test_kernels.py checks it against a naive reference), over:
+
+- n_threads 1, 2 and 8;
+- the fast (vectorized) paths and the general one;
+- every instruction-set level built and supported here (qemu_q._kernels: baseline,
+  x86-64-v3, x86-64-v4);
+- sizes that straddle the kernels' boundaries: the 32768-element tasks, the 512-element
+  prefetch blocks, the 4096-element pack/unpack buffers, the 65536-element serial
+  threshold, and partial blocks and bytes at the ends;
+
+for QuantizeLinear from float32 into every quantized type and DequantizeLinear from every
+quantized type into float32, per-tensor, per-axis (inner and last axis) and blocked (inner
+and last axis). The fused paths are checked too: quantize_linear(..., packed=True) equals
+pack(quantize_linear(...)), and dequantize_linear(pack(q), packed=True) equals
+dequantize_linear(q).
+"""
+
+import itertools
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qemu_q
+from qemu_q import _kernels, _ops
+
+THREADS = [1, 2, 8]
+LEVELS = _kernels.available_levels()
+
+INT_TYPES = {
+    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
+    "int4": ml_dtypes.int4, "uint4": ml_dtypes.uint4, "int2": ml_dtypes.int2, "uint2": ml_dtypes.uint2,
+}
+FLOAT_TYPES = {
+    "float8e4m3fn": ml_dtypes.float8_e4m3fn, "float8e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+    "float8e5m2": ml_dtypes.float8_e5m2, "float8e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
+    "float4e2m1": ml_dtypes.float4_e2m1fn, "float6e2m3": ml_dtypes.float6_e2m3fn,
+    "float6e3m2": ml_dtypes.float6_e3m2fn,
+}
+ALL_TYPES = {**INT_TYPES, **FLOAT_TYPES}
+SUB_BYTE = ["int4", "uint4", "int2", "uint2", "float4e2m1", "float6e2m3", "float6e3m2"]
+
+# (id, shape, axis, block_size): granularities and sizes straddling the task (32768),
+# prefetch-block (512), buffer (4096) and serial (65536) boundaries.
+LAYOUTS = [
+    ("tensor_odd", (3 * 32768 + 517,), None, 0),
+    ("tensor_small", (1031,), None, 0),
+    ("axis0_inner", (7, 9 * 1024 + 3), 0, 0),
+    ("axis_last", (13, 5 * 4096 + 7), 1, 0),
+    ("axis_middle", (3, 5, 4099), 1, 0),
+    ("blocked_last_32", (9, 8192 + 45), 1, 32),
+    ("blocked_last_odd", (5, 3 * 4096 + 1), 1, 37),
+    ("blocked_inner", (67, 3, 600), 0, 16),
+    ("blocked_last_big", (2, 70001), 1, 4096),
+]
+
+
+def bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def assert_same_bits(got, expected, what):
+    assert got.dtype == expected.dtype and got.shape == expected.shape, (what, got.dtype, got.shape)
+    g, e = bits(got).ravel(), bits(expected).ravel()
+    bad = np.flatnonzero(g != e)
+    if bad.size:
+        i = bad[:6]
+        raise AssertionError(f"{what}: {bad.size} of {g.size} differ; at {i.tolist()} got "
+                             f"{g[i].tolist()} expected {e[i].tolist()}")
+
+
+@pytest.fixture
+def restore_kernels():
+    level, fast = _kernels.active.level, _ops._FAST_KERNELS
+    yield
+    _kernels.use(level)
+    _ops._FAST_KERNELS = fast
+
+
+def _variants():
+    """(level, fast, n_threads) for every combination but the reference one."""
+    for level, fast, n in itertools.product(LEVELS, (True, False), THREADS):
+        yield level, fast, n
+
+
+def _reference(fn):
+    _kernels.use("baseline")
+    _ops._FAST_KERNELS = False
+    try:
+        return fn(1)
+    finally:
+        _ops._FAST_KERNELS = True
+
+
+def _check_all(fn, what):
+    expected = _reference(fn)
+    for level, fast, n in _variants():
+        _kernels.use(level)
+        _ops._FAST_KERNELS = fast
+        try:
+            got = fn(n)
+        finally:
+            _ops._FAST_KERNELS = True
+        assert_same_bits(got, expected, f"{what} level={level} fast={fast} n_threads={n}")
+    return expected
+
+
+def _param_shape(shape, axis, block_size):
+    if axis is None:
+        return ()
+    if block_size == 0:
+        return (shape[axis],)
+    s = list(shape)
+    s[axis] = -(-shape[axis] // block_size)
+    return tuple(s)
+
+
+def _scales(rng, pshape, special=True):
+    """float32 scales: random magnitudes, powers of two (exact ties), and, where asked,
+    zero, negative, infinite and NaN scales."""
+    n = int(np.prod(pshape))
+    s = (rng.uniform(0.01, 0.2, n) * rng.choice([1, -1], n, p=[0.9, 0.1])).astype(np.float32)
+    pow2 = rng.random(n) < 0.4
+    s[pow2] = np.float32(2.0) ** rng.integers(-6, 2, pow2.sum()).astype(np.float32)
+    if special and n >= 8:
+        s[rng.choice(n, 4, replace=False)] = [0.0, np.inf, np.nan, -0.0]
+    return s.reshape(pshape) if pshape else np.float32(s[0])
+
+
+def _quantize_inputs(rng, shape):
+    x = (rng.standard_normal(shape) * rng.choice([0.05, 1.0, 30.0, 3000.0], shape)).astype(np.float32)
+    flat = x.reshape(-1)
+    n = flat.size
+    # Ties of the power-of-two scales, specials, float8 boundaries.
+    ties = (rng.integers(-300, 300, n // 8) + 0.5).astype(np.float32) * np.float32(0.25)
+    flat[rng.choice(n, ties.size, replace=False)] = ties
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 464.0, 480.0, 496.0, 61440.0,
+                         65536.0, 1e-45, -1e-45, 2.0**-10, 3.4e38], np.float32)
+    flat[rng.choice(n, 8 * specials.size, replace=False)] = np.tile(specials, 8)
+    return x
+
+
+def _zero_point(rng, qtype, pshape):
+    dtype = np.dtype(ALL_TYPES[qtype])
+    n = int(np.prod(pshape)) if pshape else 1
+    if qtype in FLOAT_TYPES:
+        values = np.zeros(n, np.float32)
+        if qtype not in ("float8e4m3fnuz", "float8e5m2fnuz"):
+            values[rng.random(n) < 0.5] = -0.0
+        zp = values.astype(dtype)
+    else:
+        info = ml_dtypes.iinfo(dtype)
+        zp = rng.integers(int(info.min), int(info.max) + 1, n).astype(dtype)
+    return zp.reshape(pshape) if pshape else zp.reshape(())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[l[0] for l in LAYOUTS])
+@pytest.mark.parametrize("qtype", list(ALL_TYPES))
+def test_quantize_threads_levels_paths(qtype, layout, restore_kernels):
+    name, shape, axis, block_size = layout
+    rng = np.random.default_rng(zlib.crc32(f"{qtype} {name}".encode()))
+    x = _quantize_inputs(rng, shape)
+    pshape = _param_shape(shape, axis, block_size)
+    scale = _scales(rng, pshape)
+    zp = _zero_point(rng, qtype, pshape)
+    kw = {"axis": axis if axis is not None else 1, "block_size": block_size}
+    saturates = [0, 1] if qtype in FLOAT_TYPES else [1]
+    for saturate in saturates:
+        def run(n, saturate=saturate):
+            with np.errstate(all="ignore"):
+                return qemu_q.quantize_linear(x, scale, zp, saturate=saturate, n_threads=n, **kw)
+
+        expected = _check_all(run, f"{qtype} {name} saturate={saturate}")
+
+        # The fused path: quantize straight into the ONNX bytes.
+        def run_packed(n, saturate=saturate):
+            with np.errstate(all="ignore"):
+                return qemu_q.quantize_linear(x, scale, zp, saturate=saturate, packed=True,
+                                              n_threads=n, **kw)
+
+        packed = _check_all(run_packed, f"{qtype} {name} saturate={saturate} packed")
+        assert_same_bits(packed, qemu_q.pack(expected), f"{qtype} {name} packed == pack(y)")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[l[0] for l in LAYOUTS])
+@pytest.mark.parametrize("qtype", list(ALL_TYPES))
+def test_dequantize_threads_levels_paths(qtype, layout, restore_kernels):
+    name, shape, axis, block_size = layout
+    rng = np.random.default_rng(zlib.crc32(f"{qtype} {name} dq".encode()))
+    dtype = np.dtype(ALL_TYPES[qtype])
+    if dtype.itemsize == 2:
+        codes = rng.integers(0, 2**16, shape, dtype=np.uint16).view(dtype)
+    else:
+        codes = rng.integers(0, 256, shape, dtype=np.uint8)
+        width = qemu_q.element_type(qtype).bits
+        codes = (codes & ((1 << width) - 1)).astype(np.uint8).view(dtype)
+    pshape = _param_shape(shape, axis, block_size)
+    scale = _scales(rng, pshape)
+    zp = _zero_point(rng, qtype, pshape)
+    kw = {"axis": axis if axis is not None else 1, "block_size": block_size}
+
+    def run(n):
+        return qemu_q.dequantize_linear(codes, scale, zp, n_threads=n, **kw)
+
+    expected = _check_all(run, f"{qtype} {name}")
+
+    # The fused path: dequantize straight from the ONNX bytes.
+    raw = qemu_q.pack(codes)
+
+    def run_packed(n):
+        return qemu_q.dequantize_linear(raw, scale, zp, packed=True, shape=shape, n_threads=n, **kw)
+
+    got = _check_all(run_packed, f"{qtype} {name} packed")
+    assert_same_bits(got, expected, f"{qtype} {name} packed == unpacked")
+
+
+@pytest.mark.parametrize("qtype", SUB_BYTE + ["int8", "int16", "float8e5m2"])
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 4095, 4097, 65536 + 3, 2 * 32768 + 1])
+def test_packed_round_trip_sizes(qtype, count):
+    rng = np.random.default_rng(count)
+    x = (rng.standard_normal(count) * 4).astype(np.float32)
+    scale = np.float32(0.5)
+    zp = _zero_point(rng, qtype, ())
+    y = qemu_q.quantize_linear(x, scale, zp)
+    for n in THREADS:
+        raw = qemu_q.quantize_linear(x, scale, zp, packed=True, n_threads=n)
+        assert raw.dtype == np.uint8 and raw.shape == ((count * qemu_q.element_type(qtype).bits + 7) // 8,)
+        assert_same_bits(raw, qemu_q.pack(y), f"{qtype} {count} n_threads={n}")
+        back = qemu_q.dequantize_linear(raw, scale, zp, packed=True, shape=(count,), n_threads=n)
+        assert_same_bits(back, qemu_q.dequantize_linear(y, scale, zp), f"{qtype} {count} back")
+        # bytes objects are accepted as packed input too
+        back = qemu_q.dequantize_linear(raw.tobytes(), scale, zp, packed=True, shape=count)
+        assert_same_bits(back, qemu_q.dequantize_linear(y, scale, zp), f"{qtype} {count} bytes")
+
+
+def test_packed_out_is_reused():
+    x = np.linspace(-3, 3, 1001, dtype=np.float32)
+    scale = np.float32(0.5)
+    zp = np.array(0, ml_dtypes.int4)
+    out = np.full(501, 0xAA, np.uint8)
+    got = qemu_q.quantize_linear(x, scale, zp, packed=True, out=out)
+    assert got is out
+    assert_same_bits(out, qemu_q.pack(qemu_q.quantize_linear(x, scale, zp)), "out=")
+    y = np.empty(1001, np.float32)
+    back = qemu_q.dequantize_linear(out, scale, zp, packed=True, shape=(1001,), out=y)
+    assert back is y
+
+
+def test_packed_whole_byte_output_is_raw_data():
+    x = np.array([[1.0, -2.5], [300.0, np.nan]], np.float32)
+    raw = qemu_q.quantize_linear(x, np.float32(0.5), np.array(0, np.int16), packed=True)
+    assert raw.dtype == np.uint8 and raw.shape == (8,)
+    assert raw.tobytes() == np.array([2, -5, 600, -32768], "<i2").tobytes()
+    back = qemu_q.dequantize_linear(raw, np.float32(0.5), packed=True, dtype="int16", shape=(2, 2))
+    assert_same_bits(back, np.array([[1.0, -2.5], [300.0, -16384.0]], np.float32), "int16 back")
+
+
+def test_packed_errors():
+    x = np.ones(10, np.float32)
+    zp = np.array(0, ml_dtypes.int4)
+    with pytest.raises(ValueError, match=r"uint8 array of shape \(5,\)"):
+        qemu_q.quantize_linear(x, np.float32(1), zp, packed=True, out=np.empty(10, np.uint8))
+    with pytest.raises(ValueError, match="overlaps"):
+        raw = np.zeros(64, np.uint8)
+        qemu_q.quantize_linear(raw[:40].view(np.float32), np.float32(1), zp, packed=True, out=raw[:5])
+    raw = qemu_q.quantize_linear(x, np.float32(1), zp, packed=True)
+    with pytest.raises(TypeError, match="shape="):
+        qemu_q.dequantize_linear(raw, np.float32(1), zp, packed=True)
+    with pytest.raises(TypeError, match="dtype="):
+        qemu_q.dequantize_linear(raw, np.float32(1), packed=True, shape=(10,))
+    with pytest.raises(TypeError, match="conflicts"):
+        qemu_q.dequantize_linear(raw, np.float32(1), zp, packed=True, shape=(10,), dtype="uint4")
+    with pytest.raises(ValueError, match="x has 5 bytes; 11 elements of int4 take 6"):
+        qemu_q.dequantize_linear(raw, np.float32(1), zp, packed=True, shape=(11,))
+    with pytest.raises(TypeError, match="uint8 bytes"):
+        qemu_q.dequantize_linear(raw.view(np.int8), np.float32(1), zp, packed=True, shape=(10,))
+    with pytest.raises(TypeError, match="pass packed=True"):
+        qemu_q.dequantize_linear(np.zeros(10, ml_dtypes.int4), np.float32(1), shape=(10,))
+
+
+def test_levels_report():
+    assert "baseline" in LEVELS
+    assert _kernels.active.level in LEVELS
+    with pytest.raises(ValueError, match="unknown instruction-set level"):
+        _kernels.load("x86-64-v9")
+
+
+def test_small_inputs_run_serially():
+    # Below SERIAL_BELOW no thread team is started, whatever n_threads says.
+    from qemu_q._threads import SERIAL_BELOW, resolve_threads
+    assert resolve_threads(8, SERIAL_BELOW - 1) == 1
+    assert resolve_threads(8, SERIAL_BELOW) == 8
