@@ -384,9 +384,10 @@ def dynamic_quantize_linear(x, *, opset=None):
     low = f32(min(f32(0.0), f32(lo)))
     high = f32(max(f32(0.0), f32(hi)))
     with np.errstate(all="ignore"):
-        scale = f32(high - low) / f32(255.0)
-        if scale == 0.0:
-            scale = f32(1.0)
+        span = f32(high - low)
+        # A zero range has no scale in the formula (0 / 0 below): use 1, as onnxruntime.
+        # A nonzero range whose scale underflows to 0 follows the formula.
+        scale = f32(1.0) if span == 0.0 else span / f32(255.0)
         intermediate = f32(0.0) - low / scale
     # Saturate, then round half to even; NaN (from an infinite range) saturates to 0.
     zp_value = 0.0 if math.isnan(intermediate) else min(max(float(intermediate), 0.0), 255.0)
