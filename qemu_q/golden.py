@@ -431,8 +431,6 @@ DIVERGENCES: tuple[tuple[str, tuple[str, ...], object], ...] = (
     # onnxruntime: only a NaN in some positions, e.g. the last of a full 8-element block.
     ("DynamicQuantizeLinear: NaN in x", BOTH,
      lambda c: _is_dynamic(c) and c.family == "nan"),
-    ("DynamicQuantizeLinear: -inf in x", BOTH,
-     lambda c: _is_dynamic(c) and c.family == "neg_inf"),
 )
 
 
