@@ -12,7 +12,6 @@ import pytest
 import qemu_q
 from qemu_q import cli, writers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 INT4 = qemu_q.ELEMENT_TYPES["int4"].dtype
 
 
@@ -51,9 +50,9 @@ def arrays(tmp_path):
 # help and version
 
 
-def test_python_dash_m_prints_help():
+def test_python_dash_m_prints_help(package_home):
     done = subprocess.run([sys.executable, "-m", "qemu_q"], capture_output=True, text=True,
-                          cwd=str(ROOT))
+                          cwd=str(package_home))
     assert done.returncode == 0
     assert "usage: qemu-q" in done.stdout and "golden" in done.stdout
 
