@@ -165,6 +165,13 @@ def _resolve_granularity(spec: OpSpec, opset: int, x_shape, scale: np.ndarray, z
     return _Granularity(BLOCKED, outer, axis_len, inner, block_size)
 
 
+def _parameter_values(array: np.ndarray) -> np.ndarray:
+    """Scales and zero points as float64, the kernels' parameter form (exact for every type).
+    A signalling NaN scale is quieted by the conversion, as by any arithmetic on it."""
+    with np.errstate(invalid="ignore"):
+        return np.ascontiguousarray(array.reshape(-1)).astype(np.float64)
+
+
 def _zero_point_values(zero_point, etype: ElementType, scale: np.ndarray, label: str, zp_name: str,
                        absent: float = 0.0) -> np.ndarray:
     """Zero points as float64 values shaped like the scale (the kernel's parameter form).
@@ -174,7 +181,7 @@ def _zero_point_values(zero_point, etype: ElementType, scale: np.ndarray, label:
     """
     if zero_point is None:
         return np.full(scale.size, absent, dtype=np.float64)
-    values = np.ascontiguousarray(zero_point.reshape(-1)).astype(np.float64)
+    values = _parameter_values(zero_point)
     if etype.kind == "small_float" and not np.all(values == 0.0):
         bad = zero_point.reshape(-1)[~(values == 0.0)][0]
         raise ValueError(
@@ -315,7 +322,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     precision_type = _division_precision(spec, label, precision, x_type, scale_type)
     gran = _resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                 "y_scale", "y_zero_point")
-    scale_values = np.ascontiguousarray(scale.reshape(-1)).astype(np.float64)
+    scale_values = _parameter_values(scale)
     zp_values = _zero_point_values(zero_point, out_type, scale, label, "y_zero_point", absent=-0.0)
     fast_divide = (
         precision_type.value_format == FMT_FLOAT32
@@ -463,7 +470,7 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
 
     gran = _resolve_granularity(spec, opset, x_shape, scale, zero_point, axis, block_size,
                                 "x_scale", "x_zero_point")
-    scale_values = np.ascontiguousarray(scale.reshape(-1)).astype(np.float64)
+    scale_values = _parameter_values(scale)
     zp_values = _zero_point_values(zero_point, x_type, scale, label, "x_zero_point")
     if x_type.storage.itemsize == 1:
         table = _decode_table(x_type.name)
@@ -509,12 +516,15 @@ def dynamic_quantize_linear(x, *, opset=None):
     low = f32(min(f32(0.0), f32(lo)))
     high = f32(max(f32(0.0), f32(hi)))
     with np.errstate(all="ignore"):
-        scale = f32(high - low) / f32(255.0)
-        if scale == 0.0:
-            scale = f32(1.0)
+        span = f32(high - low)
+        # A zero range has no scale in the formula (0 / 0 below): use 1, as onnxruntime.
+        # A nonzero range whose scale underflows to 0 follows the formula.
+        scale = f32(1.0) if span == 0.0 else span / f32(255.0)
         intermediate = f32(0.0) - low / scale
-    # Saturate, then round half to even; NaN (from an infinite range) saturates to 0.
-    zp_value = 0.0 if math.isnan(intermediate) else min(max(float(intermediate), 0.0), 255.0)
+    # Saturate, then round half to even. The intermediate is NaN only when min x is -inf
+    # (0 - (-inf) / inf): the zero point of a range whose minimum goes to -inf tends to
+    # 255, and both onnx.reference and onnxruntime give 255 too.
+    zp_value = 255.0 if math.isnan(intermediate) else min(max(float(intermediate), 0.0), 255.0)
     y_zero_point = np.array(round(zp_value), dtype=np.uint8)
     y_scale = np.array(scale, dtype=np.float32)
     y = quantize_linear(x, y_scale, y_zero_point, opset=13)

@@ -342,9 +342,12 @@ def _typed(array: np.ndarray, type_name: str | None, role: str) -> np.ndarray:
     from .writers import from_storage
 
     if type_name is None:
-        if array.dtype.kind == "V":
-            raise RuntimeError(f"{role}: the array has no numpy type ({array.dtype}); "
-                               f"say which ONNX type it holds with the --*-type option")
+        try:
+            element_type(array.dtype)
+        except (TypeError, ValueError):
+            raise RuntimeError(
+                f"{role}: arrays of dtype {array.dtype} are no ONNX type; say which type the "
+                f"array holds with --{role.replace('_', '-')}-type") from None
         return array
     etype = element_type(type_name, f"--{role.replace('_', '-')}-type")
     return from_storage(array, etype.name)
@@ -457,7 +460,11 @@ def cmd_spec(args) -> int:
         op = resolve_op(args.op)
     except ValueError as error:
         raise UsageError(f"{PROG} spec: {error}") from None
-    print(get_spec(op, args.opset).describe())
+    try:
+        spec = get_spec(op, args.opset)
+    except ValueError as error:
+        raise UsageError(f"{PROG} spec: {error}") from None
+    print(spec.describe())
     return 0
 
 

@@ -17,3 +17,12 @@ def pytest_report_header(config):
     import qemu_q
 
     return f"qemu_q {qemu_q.__version__} from {qemu_q.__file__}; openmp_enabled={qemu_q.openmp_enabled()}"
+
+
+@pytest.fixture(scope="session")
+def package_home():
+    """The directory holding the qemu_q under test (site-packages, or the source tree when
+    built in place): subprocesses run there so they import the same package."""
+    import qemu_q
+
+    return pathlib.Path(qemu_q.__file__).resolve().parents[1]

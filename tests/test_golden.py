@@ -468,12 +468,12 @@ def test_selection_by_opset_resolves_versions():
 # Without onnx
 
 
-def test_npz_and_hex_without_onnx(tmp_path):
+def test_npz_and_hex_without_onnx(tmp_path, package_home):
     """The core, the writers and the CLI import without onnx; --format onnx says why not."""
     script = f"""
 import sys
 sys.modules["onnx"] = None  # import onnx raises ImportError
-sys.path.insert(0, {str(ROOT)!r})
+sys.path.insert(0, {str(package_home)!r})
 from qemu_q import cli
 code = cli.main(["golden", "--out", {str(tmp_path / 'a')!r}, "--op", "q", "--opset", "10"])
 assert code == 0, code

@@ -123,3 +123,12 @@ def test_e8m0_scale_divides_in_float32_by_default():
 def test_newer_opset_than_the_table_is_rejected():
     with pytest.raises(ValueError, match="newer"):
         qemu_q.quantize_linear(np.float32([1.0]), np.float32(1.0), opset=29)
+
+
+def test_signalling_nan_scale_is_quieted_without_a_warning():
+    # pytest turns warnings into errors here (filterwarnings = error).
+    snan = np.array(0x7F800001, np.uint32).view(np.float32)
+    y = qemu_q.quantize_linear(np.float32([1.0, -2.0]), snan, np.int8(5))
+    assert y.view(np.uint8).tolist() == [0x80, 0x80]  # NaN -> the minimum
+    d = qemu_q.dequantize_linear(np.int8([1, 2]), snan)
+    assert d.view(np.uint32).tolist() == [0x7FC00001, 0x7FC00001]  # quiet, payload kept

@@ -1,0 +1,268 @@
+"""The qemu-q command line: every subcommand, --help everywhere, and one-line errors with
+exit code 2 (usage) or 1 (failure)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import qemu_q
+from qemu_q import cli, writers
+
+INT4 = qemu_q.ELEMENT_TYPES["int4"].dtype
+
+
+def run(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(err, code, expected_code, *fragments):
+    assert code == expected_code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    x = np.array([[0.0, 1.5, 2.5, -2.5], [300.0, np.nan, -7.0, 0.2]], np.float32)
+    paths = {
+        "x": tmp_path / "x.npy", "s": tmp_path / "s.npy", "zp": tmp_path / "zp.npy",
+        "s0": tmp_path / "s0.npy", "codes": tmp_path / "codes.npy", "npz": tmp_path / "in.npz",
+    }
+    np.save(paths["x"], x)
+    np.save(paths["s"], np.array([1.0, 0.5], np.float32))
+    np.save(paths["zp"], np.array([0, 3], np.int8))
+    np.save(paths["s0"], np.float32(0.5))
+    np.save(paths["codes"], np.array([1, -2, 7, -8, 3], np.int8))
+    np.savez(paths["npz"], x=np.arange(6, dtype=np.float32), scale=np.float32(0.25))
+    return x, paths
+
+
+# --------------------------------------------------------------------------------------
+# help and version
+
+
+def test_python_dash_m_prints_help(package_home):
+    done = subprocess.run([sys.executable, "-m", "qemu_q"], capture_output=True, text=True,
+                          cwd=str(package_home))
+    assert done.returncode == 0
+    assert "usage: qemu-q" in done.stdout and "golden" in done.stdout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["golden", "--help"], ["quantize", "--help"],
+                                  ["dequantize", "--help"], ["spec", "--help"]])
+def test_help_everywhere(capsys, argv):
+    code, out, _err = run(capsys, *argv)
+    assert code == 0
+    assert out.startswith("usage: qemu-q")
+    assert "Example" in out or "COMMAND" in out
+
+
+def test_version(capsys):
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.strip() == f"qemu-q {qemu_q.__version__}"
+
+
+# --------------------------------------------------------------------------------------
+# golden
+
+
+def test_golden_writes_a_selection(capsys, tmp_path):
+    out = tmp_path / "g"
+    code, stdout, err = run(capsys, "golden", "--out", out, "--op", "q", "--opset", "21",
+                            "--type", "int4", "--granularity", "blocked", "--word-bits", "16")
+    assert code == 0, err
+    assert err == ""  # no progress bar when stderr is not a terminal
+    assert stdout.startswith("qemu-q golden: 1 cases") and "files" in stdout
+    assert " s -> " in stdout and ("bytes" in stdout or "KB" in stdout)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (case,) = manifest["cases"]
+    assert case["name"] == "test_quantizelinear_21_int4_blocked_random"
+    assert case["granularity"] == "blocked" and case["attributes"]["block_size"] > 0
+    assert manifest["word_bits"] == 16 and manifest["formats"] == ["onnx", "npz", "hex"]
+    assert (out / case["onnx_dir"] / "model.onnx").is_file()
+    text = (out / case["outputs"][0]["hex"]).read_text().splitlines()
+    assert all(len(line) == 4 for line in text if not line.startswith("//"))
+
+
+def test_golden_formats_and_force(capsys, tmp_path):
+    out = tmp_path / "g"
+    code, _, err = run(capsys, "golden", "--out", out, "--op", "dynamic", "--format", "npz")
+    assert code == 0, err
+    assert list((out / "npz").glob("*.npz")) and not (out / "node").exists()
+    code, _, err = run(capsys, "golden", "--out", out, "--op", "dynamic")
+    assert_one_line_error(err, code, 1, "not empty", "--force")
+    (out / "mine.txt").write_text("kept")
+    code, _, err = run(capsys, "golden", "--out", out, "--op", "dynamic", "--format", "hex",
+                       "--force")
+    assert code == 0, err
+    assert not (out / "npz").exists() and (out / "mine.txt").read_text() == "kept"
+    assert list((out / "node").rglob("*.hex"))
+
+
+def test_golden_list(capsys):
+    code, out, _ = run(capsys, "golden", "--out", "unused", "--list", "--op", "dynamic")
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 8 and all(line.startswith("test_dynamicquantizelinear_11") for line in lines)
+    assert any("[divergence: DynamicQuantizeLinear: NaN in x]" in line for line in lines)
+    assert not pathlib.Path("unused").exists()
+
+
+def test_golden_seed_and_size(capsys, tmp_path):
+    def x_of(out):
+        meta, arrays = writers.read_npz(out / "npz" / "test_dynamicquantizelinear_11_uint8_random.npz")
+        return arrays["x"]
+
+    base = ["golden", "--op", "dynamic", "--family", "random", "--format", "npz"]
+    assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
+    assert run(capsys, *base, "--out", tmp_path / "b", "--seed", "7")[0] == 0
+    assert run(capsys, *base, "--out", tmp_path / "c", "--size", "600")[0] == 0
+    assert x_of(tmp_path / "a").shape == x_of(tmp_path / "b").shape
+    assert not np.array_equal(x_of(tmp_path / "a"), x_of(tmp_path / "b"))
+    assert x_of(tmp_path / "c").size >= 600
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["seed"] == 7
+
+
+@pytest.mark.parametrize("argv, code, fragments", [
+    (["golden"], 2, ["--out"]),
+    (["golden", "--out", "{tmp}/g", "--op", "Conv"], 2, ["unknown op 'Conv'"]),
+    (["golden", "--out", "{tmp}/g", "--opset", "9"], 2, ["opset 9"]),
+    (["golden", "--out", "{tmp}/g", "--opset", "x"], 2, ["--opset"]),
+    (["golden", "--out", "{tmp}/g", "--type", "int3"], 2, ["int3"]),
+    (["golden", "--out", "{tmp}/g", "--granularity", "per_row"], 2, ["per_row"]),
+    (["golden", "--out", "{tmp}/g", "--family", "edges"], 2, ["edges"]),
+    (["golden", "--out", "{tmp}/g", "--format", "pdf"], 2, ["pdf"]),
+    (["golden", "--out", "{tmp}/g", "--word-bits", "12"], 2, ["--word-bits"]),
+    (["golden", "--out", "{tmp}/g", "--size", "0"], 2, ["--size"]),
+    (["golden", "--out", "{tmp}/g", "--op", "dynamic", "--type", "int4"], 2, ["no case"]),
+    (["golden", "--out", "{tmp}/file.txt"], 1, ["not a directory"]),
+    (["frobnicate"], 2, ["frobnicate"]),
+    (["--bogus"], 2, ["--bogus"]),
+])
+def test_golden_errors(capsys, tmp_path, argv, code, fragments):
+    (tmp_path / "file.txt").write_text("x")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    got, _out, err = run(capsys, *argv)
+    assert_one_line_error(err, got, code, *fragments)
+    assert not (tmp_path / "g").exists()
+
+
+# --------------------------------------------------------------------------------------
+# quantize / dequantize
+
+
+def test_quantize_prints_and_writes(capsys, arrays, tmp_path):
+    x, p = arrays
+    code, out, err = run(capsys, "quantize", p["x"], p["s"], p["zp"], "--axis", "0")
+    assert code == 0, err
+    expected = qemu_q.quantize_linear(x, np.array([1.0, 0.5], np.float32),
+                                      np.array([0, 3], np.int8), axis=0)
+    assert out.splitlines()[0] == "y: int8 [2, 4]"
+    y_path = tmp_path / "y.npy"
+    code, out, err = run(capsys, "quantize", p["x"], p["s"], p["zp"], "--axis", "0", "-o", y_path)
+    assert code == 0 and np.array_equal(np.load(y_path), expected)
+
+
+def test_quantize_sub_byte_and_float8_outputs(capsys, arrays, tmp_path):
+    x, p = arrays
+    y_path = tmp_path / "y4.npy"
+    code, out, err = run(capsys, "quantize", p["x"], p["s0"], "--output-dtype", "int4",
+                         "-o", y_path)
+    assert code == 0, err
+    assert "int4" in out and "stored as int8" in out
+    expected = qemu_q.quantize_linear(x, np.float32(0.5), output_dtype="int4")
+    assert np.array_equal(np.load(y_path), expected.astype(np.int8))
+    y_path = tmp_path / "y8.npy"
+    code, out, err = run(capsys, "quantize", p["x"], p["s0"], "--output-dtype", "17",
+                         "--saturate", "0", "--precision", "float16", "--opset", "23",
+                         "-o", y_path)
+    assert code == 0, err
+    expected = qemu_q.quantize_linear(x, np.float32(0.5), output_dtype="float8e4m3fn",
+                                      saturate=0, precision=10, opset=23)
+    assert np.array_equal(np.load(y_path), expected.view(np.uint8))
+
+
+def test_dequantize_with_types(capsys, arrays, tmp_path):
+    _x, p = arrays
+    y_path = tmp_path / "y.npy"
+    code, out, err = run(capsys, "dequantize", p["codes"], p["s0"], "--x-type", "int4",
+                         "--output-dtype", "float16", "-o", y_path)
+    assert code == 0, err
+    codes = np.array([1, -2, 7, -8, 3], np.int8).astype(INT4)
+    expected = qemu_q.dequantize_linear(codes, np.float32(0.5), output_dtype="float16")
+    y = np.load(y_path)
+    assert y.dtype == np.float16 and np.array_equal(y, expected)
+
+
+def test_npz_members_and_golden_cases(capsys, arrays, tmp_path):
+    _x, p = arrays
+    code, out, err = run(capsys, "quantize", f"{p['npz']}:x", f"{p['npz']}:scale")
+    assert code == 0, err
+    assert out.splitlines()[0] == "y: uint8 [6]"
+    # re-run a golden case from its .npz: inputs, attributes and opset come from it
+    out_dir = tmp_path / "g"
+    assert run(capsys, "golden", "--out", out_dir, "--op", "dq", "--opset", "21", "--type",
+               "int4", "--granularity", "blocked", "--format", "npz")[0] == 0
+    (npz,) = (out_dir / "npz").glob("*.npz")
+    y_path = tmp_path / "y.npy"
+    code, out, err = run(capsys, "dequantize", "--npz", npz, "-o", y_path)
+    assert code == 0, err
+    _meta, stored = writers.read_npz(npz)
+    assert np.array_equal(np.load(y_path), stored["expected_y"])
+
+
+@pytest.mark.parametrize("argv, code, fragments", [
+    (["quantize", "{x}"], 2, ["needs X and SCALE"]),
+    (["quantize", "{tmp}/none.npy", "{s0}"], 1, ["no such file", "none.npy"]),
+    (["quantize", "{x}", "{s0}", "--block-size", "2", "--opset", "13"], 1, ["block_size"]),
+    (["quantize", "{x}", "{s0}", "--precision", "fp8"], 2, ["--precision"]),
+    (["quantize", "{x}", "{s0}", "--saturate", "2"], 2, ["--saturate"]),
+    (["quantize", "{x}", "{s0}", "--axis", "one"], 2, ["--axis"]),
+    (["quantize", "{x}", "{s0}", "--output-dtype", "int3"], 1, ["int3"]),
+    (["quantize", "{npz}", "{s0}"], 1, ["holds 2 arrays"]),
+    (["quantize", "{npz}:y", "{s0}"], 1, ["no array 'y'"]),
+    (["quantize", "{x}", "{s0}", "--npz", "{npz}"], 2, ["not both"]),
+    (["quantize", "--npz", "{tmp}/none.npz"], 1, ["no such file"]),
+    (["dequantize", "{codes}", "{s0}", "--x-type", "int3"], 1, ["int3"]),
+    (["dequantize", "{void}", "{s0}"], 1, ["--x-type"]),
+    (["dequantize", "{codes}", "{s0}", "--x-type", "int2"], 1, ["int2"]),
+])
+def test_apply_errors(capsys, arrays, tmp_path, argv, code, fragments):
+    _x, p = arrays
+    np.save(tmp_path / "void.npy", np.zeros(3, dtype="V1"))
+    names = {"x": p["x"], "s0": p["s0"], "npz": p["npz"], "codes": p["codes"],
+             "void": tmp_path / "void.npy", "tmp": tmp_path}
+    argv = [a.format(**{k: str(v) for k, v in names.items()}) for a in argv]
+    got, _out, err = run(capsys, *argv)
+    assert_one_line_error(err, got, code, *fragments)
+
+
+# --------------------------------------------------------------------------------------
+# spec
+
+
+def test_spec(capsys):
+    code, out, _ = run(capsys, "spec", "QuantizeLinear", "--opset", "20")
+    assert code == 0
+    assert out.strip() == qemu_q.get_spec("QuantizeLinear", 20).describe()
+    code, out, _ = run(capsys, "spec", "dq")
+    assert code == 0 and out.startswith("DequantizeLinear, since opset 28")
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["spec"], ["OP"]),
+    (["spec", "Conv"], ["unknown op"]),
+    (["spec", "q", "--opset", "29"], ["opset 29"]),
+])
+def test_spec_errors(capsys, argv, fragments):
+    code, _out, err = run(capsys, *argv)
+    assert_one_line_error(err, code, 2, *fragments)
