@@ -19,7 +19,8 @@ from _codecs cimport (
     pack_value_format,
 )
 from _layout cimport (
-    Layout, Segment, Cursor, RUN_CHUNK, make_layout, layout_tasks, cursor_at, next_segment,
+    Layout, Segment, Cursor, RUN_CHUNK, BLOCKED, make_layout, layout_tasks, layout_parameters,
+    cursor_at, next_segment,
 )
 from _subbyte cimport unpack_codes
 from _prefetch cimport prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD
@@ -189,6 +190,44 @@ cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, P
         y[i] = pack_value_format(v, out_format)
 
 
+cdef inline void dequantize_last_axis_blocks(const uint8_t* x, float* y, Py_ssize_t start,
+                                             Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
+    # Blocked along the last axis, 8-bit codes decoded on the bits into float32: one short
+    # run per block, walked without the cursor's generality (consecutive blocks have
+    # consecutive parameters, from one row to the next too).
+    cdef Cursor c
+    cdef Py_ssize_t pos = start
+    cdef Py_ssize_t next_prefetch = start
+    cdef Py_ssize_t block_size = p.layout.block_size
+    cdef Py_ssize_t axis_len = p.layout.axis_len
+    cdef Py_ssize_t n, j, in_block, param
+    cursor_at(&p.layout, start, end, &c)
+    j = c.j
+    in_block = c.in_block
+    param = c.o * p.layout.n_blocks + c.block
+    while pos < end:
+        if pos >= next_prefetch:
+            prefetch(x + (pos - start) + PREFETCH_AHEAD, PREFETCH_BLOCK)
+            next_prefetch = pos + PREFETCH_BLOCK
+        n = min(min(block_size - in_block, axis_len - j), end - pos)
+        if p.integer_bytes:
+            run_integer_bytes_f32(x + (pos - start), y + (pos - start), n, p.scale32 + param,
+                                  p.zero_point32 + param, False, p.code_shift, p.code_signed)
+        else:
+            run_small_float_bytes_f32(x + (pos - start), y + (pos - start), n, p.scale32 + param,
+                                      p.zero_point32 + param, False, &p.decoder)
+        pos += n
+        j += n
+        in_block += n
+        if j == axis_len:
+            j = 0
+            in_block = 0
+            param += 1
+        elif in_block == block_size:
+            in_block = 0
+            param += 1
+
+
 cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
                                   Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # Elements [start, end): codes read from x[0 : end - start], values written to
@@ -197,6 +236,12 @@ cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t
     cdef Cursor c
     cdef Segment seg
     cdef Py_ssize_t block = start
+    if dq_code_t is uint8_t:
+        if y_storage_t is float:
+            if (p.fast and (p.integer_bytes or p.small_float_bytes) and p.layout.granularity == BLOCKED
+                    and p.layout.inner == 1):
+                dequantize_last_axis_blocks(x, y, start, end, p)
+                return
     cursor_at(&p.layout, start, start, &c)
     while block < end:
         c.end = min(block + <Py_ssize_t>PREFETCH_BLOCK, end)
@@ -230,6 +275,22 @@ cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_stora
         piece = piece_end
 
 
+cdef inline bint float32_parameters(Py_ssize_t code_size, int out_format) noexcept nogil:
+    # The float32 output loops of 8- and 16-bit codes read the float32 parameters.
+    return code_size <= 2 and out_format == FMT_FLOAT32
+
+
+cdef int check_parameters(const Layout* L, bint float32, Py_ssize_t n_scale, Py_ssize_t n_zero_point,
+                          Py_ssize_t n_scale32, Py_ssize_t n_zero_point32) except -1:
+    cdef Py_ssize_t needed = layout_parameters(L)
+    if float32:
+        if n_scale32 < needed or n_zero_point32 < needed:
+            raise ValueError(f"float32 outputs need {needed} float32 scales and zero points")
+    elif n_scale < needed or n_zero_point < needed:
+        raise ValueError(f"this output needs {needed} float64 scales and zero points")
+    return 0
+
+
 cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
                               const float[::1] scale32, const float[::1] zero_point32,
                               Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
@@ -255,7 +316,7 @@ cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const do
 
 
 def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1] zero_point,
-               y_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
+               const float[::1] scale32, const float[::1] zero_point32, y_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                int granularity, Py_ssize_t block_size, const float[::1] table, bint signed16,
                int out_format, int n_threads, int integer_bits=0, bint integer_signed=False,
                int small_float_id=-1, bint fast=True):
@@ -264,19 +325,23 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
     8-bit codes are decoded through `table` (256 values), or, for an integer type of
     `integer_bits` <= 8 bits or the small float `small_float_id` (>= 0), on their bits;
     16-bit codes are int16 when `signed16`.
-    `out` holds float32 values or float16/bfloat16 bit patterns (out_format). `fast=False`
-    forces the table and the general loops (the tests compare the two).
+    `out` holds float32 values or float16/bfloat16 bit patterns (out_format). scale and
+    zero_point are float64 for the general path (int32 codes, float16/bfloat16 outputs);
+    float32 outputs from 8- and 16-bit codes read scale32 and zero_point32 instead (the
+    same values: exact there). The arrays a call does not read may hold a single
+    placeholder value. `fast=False` forces the table and the general loops (the tests
+    compare the two). The kernel allocates nothing.
     """
     cdef Py_ssize_t size = x.shape[0]
     cdef Py_ssize_t task, n_tasks
     cdef DequantizePlan p
     if size == 0:
         return
-    scale32 = np.asarray(scale, dtype=np.float32)
-    zero_point32 = np.asarray(zero_point, dtype=np.float32)
     p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
                   granularity, block_size, table, integer_bits, integer_signed, small_float_id,
                   signed16, out_format, fast)
+    check_parameters(&p.layout, float32_parameters(sizeof(dq_code_t), out_format),
+                     scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
@@ -288,7 +353,8 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
 
 
 def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, const double[::1] scale,
-                      const double[::1] zero_point, y_storage_t[::1] out, Py_ssize_t outer,
+                      const double[::1] zero_point, const float[::1] scale32,
+                      const float[::1] zero_point32, y_storage_t[::1] out, Py_ssize_t outer,
                       Py_ssize_t axis_len, Py_ssize_t inner, int granularity, Py_ssize_t block_size,
                       const float[::1] table, int out_format, int n_threads, int integer_bits=0,
                       bint integer_signed=False, int small_float_id=-1, bint fast=True):
@@ -298,11 +364,11 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
     cdef DequantizePlan p
     if size == 0:
         return
-    scale32 = np.asarray(scale, dtype=np.float32)
-    zero_point32 = np.asarray(zero_point, dtype=np.float32)
     p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
                   granularity, block_size, table, integer_bits, integer_signed, small_float_id,
                   False, out_format, fast)
+    check_parameters(&p.layout, float32_parameters(1, out_format),
+                     scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):

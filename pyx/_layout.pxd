@@ -68,6 +68,15 @@ cdef inline Py_ssize_t layout_tasks(const Layout* L) noexcept nogil:
     return (L.size + RUN_CHUNK - 1) // RUN_CHUNK
 
 
+cdef inline Py_ssize_t layout_parameters(const Layout* L) noexcept nogil:
+    # How many scales (and zero points) the layout reads.
+    if L.granularity == PER_TENSOR:
+        return 1 if L.size > 0 else 0
+    if L.granularity == PER_AXIS:
+        return L.axis_len
+    return L.outer * L.n_blocks * L.inner
+
+
 cdef inline void cursor_at(const Layout* L, Py_ssize_t start, Py_ssize_t end, Cursor* c) noexcept nogil:
     # The divisions happen once per task, here.
     cdef Py_ssize_t row

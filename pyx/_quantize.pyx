@@ -7,13 +7,12 @@
 # codes, small-float codes) that the compiler vectorizes; everything else goes through the
 # general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
 
-import numpy as np
-
 from cython.parallel cimport prange
 from libc.stdint cimport uint8_t, uint16_t, int32_t
 
 from _layout cimport (
-    Layout, Segment, Cursor, RUN_CHUNK, make_layout, layout_tasks, cursor_at, next_segment,
+    Layout, Segment, Cursor, RUN_CHUNK, BLOCKED, make_layout, layout_tasks, layout_parameters,
+    cursor_at, next_segment,
 )
 from _codecs cimport (
     x_storage_t, code_storage_t, SmallFloatFormat, small_float_format,
@@ -150,6 +149,60 @@ cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t
     run_general(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary, p)
 
 
+cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py_ssize_t start,
+                                           Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
+    # Blocked along the last axis, on a float32 path, with blocks shorter than a prefetch
+    # block: each PREFETCH_BLOCK piece gets its scales and zero points spread out per
+    # element in L1-resident buffers, and runs as one per-element-parameter loop (a loop
+    # per block of 32 would spend as long entering as running). Consecutive blocks have
+    # consecutive parameters, from one row to the next too.
+    cdef float scale_buf[PREFETCH_BLOCK]
+    cdef float zero_point_buf[PREFETCH_BLOCK]
+    cdef int32_t zero_point_int_buf[PREFETCH_BLOCK]
+    cdef Cursor c
+    cdef Py_ssize_t pos = start
+    cdef Py_ssize_t block_size = p.layout.block_size
+    cdef Py_ssize_t axis_len = p.layout.axis_len
+    cdef Py_ssize_t n, j, in_block, param, piece, piece_end, k
+    cdef float s, zf
+    cdef int32_t zi
+    cursor_at(&p.layout, start, end, &c)
+    j = c.j
+    in_block = c.in_block
+    param = c.o * p.layout.n_blocks + c.block
+    piece = start
+    while piece < end:
+        piece_end = min(piece + <Py_ssize_t>PREFETCH_BLOCK, end)
+        prefetch(x + piece + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(float))
+        pos = piece
+        while pos < piece_end:
+            n = min(min(block_size - in_block, axis_len - j), piece_end - pos)
+            s = p.scale32[param]
+            zf = p.zero_point32[param]
+            zi = p.zero_point_int[param]
+            for k in range(pos - piece, pos - piece + n):
+                scale_buf[k] = s
+                zero_point_buf[k] = zf
+                zero_point_int_buf[k] = zi
+            pos += n
+            j += n
+            in_block += n
+            if j == axis_len:
+                j = 0
+                in_block = 0
+                param += 1
+            elif in_block == block_size:
+                in_block = 0
+                param += 1
+        if p.path == PATH_F32_INTEGER:
+            run_f32_integer(x + piece, y + (piece - start), piece_end - piece, scale_buf,
+                            zero_point_int_buf, True, <int32_t>p.lo, <int32_t>p.hi, p.mask)
+        elif code_storage_t is uint8_t:
+            run_f32_small_float(x + piece, y + (piece - start), piece_end - piece, scale_buf,
+                                zero_point_buf, True, &p.encoder)
+        piece = piece_end
+
+
 cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
                                 Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
     # Elements [start, end) into y[0 : end - start], PREFETCH_BLOCK elements at a time,
@@ -157,6 +210,11 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
     cdef Cursor c
     cdef Segment seg
     cdef Py_ssize_t block = start
+    if x_storage_t is float:
+        if (p.path != PATH_GENERAL and p.layout.granularity == BLOCKED and p.layout.inner == 1
+                and p.layout.block_size < PREFETCH_BLOCK):
+            quantize_last_axis_blocks(x, y, start, end, p)
+            return
     cursor_at(&p.layout, start, start, &c)
     while block < end:
         c.end = min(block + <Py_ssize_t>PREFETCH_BLOCK, end)
@@ -217,6 +275,18 @@ cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const doub
     return p
 
 
+cdef int check_parameters(const Layout* L, bint float32_path, Py_ssize_t n_scale, Py_ssize_t n_zero_point,
+                          Py_ssize_t n_scale32, Py_ssize_t n_zero_point32, Py_ssize_t n_zero_point_int,
+                          bint integer_codes) except -1:
+    cdef Py_ssize_t needed = layout_parameters(L)
+    if float32_path:
+        if n_scale32 < needed or (n_zero_point_int if integer_codes else n_zero_point32) < needed:
+            raise ValueError(f"the float32 path needs {needed} float32 scales and zero points")
+    elif n_scale < needed or n_zero_point < needed:
+        raise ValueError(f"the general path needs {needed} float64 scales and zero points")
+    return 0
+
+
 cdef int choose_path(bint x_is_float32, bint fast_divide, int code_kind, bint byte_codes, bint fast):
     if not (fast and x_is_float32 and fast_divide):
         return PATH_GENERAL
@@ -228,30 +298,34 @@ cdef int choose_path(bint x_is_float32, bint fast_divide, int code_kind, bint by
 
 
 def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
-             code_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
+             const float[::1] scale32, const float[::1] zero_point32,
+             const int32_t[::1] zero_point_int, code_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
              int granularity, Py_ssize_t block_size, int x_format, int precision,
              bint fast_divide, int code_kind, double lo, double hi, int mask,
              int small_float_id, bint saturate, int n_threads, bint fast=True):
     """Quantize x (flattened, C order, viewed as outer x axis_len x inner) into `out`.
 
     scale and zero_point hold one value per tensor, per axis index, or per block
-    (outer x n_blocks x inner). Integer codes are clamped to [lo, hi] and masked with
+    (outer x n_blocks x inner), as float64 for the general path; the float32 paths (x
+    float32 divided in float32, `fast`) read scale32 and zero_point32 / zero_point_int
+    instead (the same values: exact there). The arrays a call does not read may hold a
+    single placeholder value. Integer codes are clamped to [lo, hi] and masked with
     `mask` (the storage of int4/int2 keeps only the low bits); small-float codes follow
     `small_float_id` and `saturate`. `fast=False` forces the general scalar path (the
-    tests compare the two).
+    tests compare the two). The kernel allocates nothing.
     """
     cdef Py_ssize_t size = x.shape[0]
     cdef Py_ssize_t task, n_tasks
     cdef QuantizePlan p
     if size == 0:
         return
-    scale32 = np.asarray(scale, dtype=np.float32)
-    zero_point32 = np.asarray(zero_point, dtype=np.float32)
-    zero_point_int = np.asarray(zero_point).astype(np.int32) if code_kind == CODE_INTEGER else np.zeros(1, np.int32)
     p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len, inner,
                   granularity, block_size, x_format, precision, fast_divide, code_kind, lo, hi,
                   mask, small_float_id, saturate,
                   choose_path(x_storage_t is float, fast_divide, code_kind, code_storage_t is uint8_t, fast))
+    check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
+                     scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
+                     p.path == PATH_F32_INTEGER)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
@@ -263,7 +337,8 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
 
 
 def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
-                    uint8_t[::1] out, int bits, Py_ssize_t outer, Py_ssize_t axis_len,
+                    const float[::1] scale32, const float[::1] zero_point32,
+                    const int32_t[::1] zero_point_int, uint8_t[::1] out, int bits, Py_ssize_t outer, Py_ssize_t axis_len,
                     Py_ssize_t inner, int granularity, Py_ssize_t block_size, int x_format,
                     int precision, bint fast_divide, int code_kind, double lo, double hi, int mask,
                     int small_float_id, bint saturate, int n_threads, bint fast=True):
@@ -274,13 +349,13 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
     cdef QuantizePlan p
     if size == 0:
         return
-    scale32 = np.asarray(scale, dtype=np.float32)
-    zero_point32 = np.asarray(zero_point, dtype=np.float32)
-    zero_point_int = np.asarray(zero_point).astype(np.int32) if code_kind == CODE_INTEGER else np.zeros(1, np.int32)
     p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len, inner,
                   granularity, block_size, x_format, precision, fast_divide, code_kind, lo, hi,
                   mask, small_float_id, saturate,
                   choose_path(x_storage_t is float, fast_divide, code_kind, True, fast))
+    check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
+                     scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
+                     p.path == PATH_F32_INTEGER)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):

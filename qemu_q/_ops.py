@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import operator
 import sys
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -165,23 +166,43 @@ def _resolve_granularity(spec: OpSpec, opset: int, x_shape, scale: np.ndarray, z
     return _Granularity(BLOCKED, outer, axis_len, inner, block_size)
 
 
-def _parameter_values(array: np.ndarray) -> np.ndarray:
-    """Scales and zero points as float64, the kernels' parameter form (exact for every type).
-    A signalling NaN scale is quieted by the conversion, as by any arithmetic on it."""
+# Per-thread scratch arrays for the per-call parameter conversions: reused call after call,
+# so that converting a large blocked scale does not cost fresh pages (and their faults)
+# every time. The kernels keep no reference to them past the call.
+_scratch = threading.local()
+_NO_FLOAT64 = np.zeros(1, np.float64)
+_NO_FLOAT32 = np.zeros(1, np.float32)
+_NO_INT32 = np.zeros(1, np.int32)
+
+
+def _scratch_array(slot: str, n: int, dtype) -> np.ndarray:
+    arrays = getattr(_scratch, "arrays", None)
+    if arrays is None:
+        arrays = _scratch.arrays = {}
+    array = arrays.get(slot)
+    if array is None or array.size < n or array.dtype != dtype:
+        array = arrays[slot] = np.empty(max(n, 1), dtype)
+    return array[:n]
+
+
+def _as_parameter(array: np.ndarray, dtype, slot: str) -> np.ndarray:
+    """The values of `array`, flat and contiguous in `dtype`: a view when they already
+    are, else converted into a scratch array. A signalling NaN is quieted by the
+    conversion, as by any arithmetic on it."""
+    flat = array.reshape(-1)
+    if flat.dtype == dtype and flat.flags.c_contiguous:
+        return flat
+    values = _scratch_array(slot, flat.size, np.dtype(dtype))
     with np.errstate(invalid="ignore"):
-        return np.ascontiguousarray(array.reshape(-1)).astype(np.float64)
+        np.copyto(values, flat, casting="unsafe")
+    return values
 
 
-def _zero_point_values(zero_point, etype: ElementType, scale: np.ndarray, label: str, zp_name: str,
-                       absent: float = 0.0) -> np.ndarray:
-    """Zero points as float64 values shaped like the scale (the kernel's parameter form).
-
-    `absent` stands in for a missing zero point: QuantizeLinear adds -0.0 to a float
-    quotient, the additive identity even for -0, so a missing zero point changes no bit.
-    """
-    if zero_point is None:
-        return np.full(scale.size, absent, dtype=np.float64)
-    values = _parameter_values(zero_point)
+def _check_zero_point_values(zero_point, etype: ElementType, label: str, zp_name: str) -> None:
+    """Float zero points must be +-0; an int32 x has no zero point (it must be 0)."""
+    if zero_point is None or not (etype.kind == "small_float" or etype.name == "int32"):
+        return
+    values = _as_parameter(zero_point, np.float64, "check")
     if etype.kind == "small_float" and not np.all(values == 0.0):
         bad = zero_point.reshape(-1)[~(values == 0.0)][0]
         raise ValueError(
@@ -193,7 +214,40 @@ def _zero_point_values(zero_point, etype: ElementType, scale: np.ndarray, label:
             f"{label}: {zp_name} of int32 x must be 0 (the spec gives int32 no zero point), "
             f"got {int(values[values != 0.0][0])}"
         )
-    return values
+
+
+def _kernel_parameters(scale, zero_point, n: int, absent: float, float32: bool, zero_point_int: bool):
+    """(scale, zero_point, scale32, zero_point32, zero_point_int) for a kernel call.
+
+    The general paths read float64 scales and zero points (exact for every type); the
+    float32 paths read float32 ones (exact there: the scale is a float32, float16,
+    bfloat16 or e8m0 value) and, for integer codes, int32 zero points. Only the arrays the
+    call reads are filled in; the others are one-element placeholders. `absent` stands in
+    for a missing zero point: QuantizeLinear adds -0.0 to a float quotient, the additive
+    identity even for -0, so a missing zero point changes no bit.
+    """
+    if not float32:
+        scale64 = _as_parameter(scale, np.float64, "scale64")
+        if zero_point is None:
+            zp64 = _scratch_array("zp64", n, np.dtype(np.float64))
+            zp64.fill(absent)
+        else:
+            zp64 = _as_parameter(zero_point, np.float64, "zp64")
+        return scale64, zp64, _NO_FLOAT32, _NO_FLOAT32, _NO_INT32
+    scale32 = _as_parameter(scale, np.float32, "scale32")
+    zp32, zpi = _NO_FLOAT32, _NO_INT32
+    if zero_point_int:
+        if zero_point is None:
+            zpi = _scratch_array("zpi", n, np.dtype(np.int32))
+            zpi.fill(0)
+        else:
+            zpi = _as_parameter(zero_point, np.int32, "zpi")
+    elif zero_point is None:
+        zp32 = _scratch_array("zp32", n, np.dtype(np.float32))
+        zp32.fill(absent)
+    else:
+        zp32 = _as_parameter(zero_point, np.float32, "zp32")
+    return _NO_FLOAT64, _NO_FLOAT64, scale32, zp32, zpi
 
 
 def _prepare_output(out, shape, etype: ElementType, inputs) -> np.ndarray:
@@ -322,13 +376,16 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     precision_type = _division_precision(spec, label, precision, x_type, scale_type)
     gran = _resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                 "y_scale", "y_zero_point")
-    scale_values = _parameter_values(scale)
-    zp_values = _zero_point_values(zero_point, out_type, scale, label, "y_zero_point", absent=-0.0)
+    _check_zero_point_values(zero_point, out_type, label, "y_zero_point")
     fast_divide = (
         precision_type.value_format == FMT_FLOAT32
         and x_type.name in ("float", "float16", "bfloat16")
         and scale_type.name in ("float", "float16", "bfloat16", "float8e8m0")
     )
+    # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
+    float32_path = _FAST_KERNELS and fast_divide and x_type.name == "float"
+    params = _kernel_parameters(scale, zero_point, scale.size, -0.0, float32_path,
+                                zero_point_int=out_type.kind == "integer")
     if out_type.kind == "integer":
         code_kind, lo, hi, mask = CODE_INTEGER, out_type.lo, out_type.hi, (1 << out_type.bits) - 1
         small_float_id = 0
@@ -339,30 +396,28 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
         x_type.value_format, precision_type.value_format, fast_divide,
         code_kind, lo, hi, mask, small_float_id, saturate, resolve_threads(n_threads, x.size),
-        _FAST_KERNELS,
+        float32_path,
     )
+    kernels = _kernels.active.quantize
+    flat_x = _flat_storage(x, x_type)
     inputs = [("x", x), ("y_scale", scale)]
     if packed and (out_type.packed or not _LITTLE_ENDIAN):
         raw = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
         if out_type.packed:
             # Quantized and packed piece by piece: the one-per-byte codes never exist.
-            _kernels.active.quantize.quantize_packed(_flat_storage(x, x_type), scale_values, zp_values, raw,
-                                      out_type.bits, *args)
+            kernels.quantize_packed(flat_x, *params, raw, out_type.bits, *args)
         else:
             y = np.empty(x.shape, dtype=out_type.dtype)
-            _kernels.active.quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
-                               y.reshape(-1).view(out_type.storage), *args)
+            kernels.quantize(flat_x, *params, y.reshape(-1).view(out_type.storage), *args)
             raw[...] = y.reshape(-1).astype(y.dtype.newbyteorder("<")).view(np.uint8)
         return raw
     if packed:
         # Whole-byte types: the storage is the raw_data; write it in place.
         raw = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
-        _kernels.active.quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
-                           raw.view(out_type.storage), *args)
+        kernels.quantize(flat_x, *params, raw.view(out_type.storage), *args)
         return raw
     y = _prepare_output(out, x.shape, out_type, inputs)
-    _kernels.active.quantize.quantize(_flat_storage(x, x_type), scale_values, zp_values,
-                       y.reshape(-1).view(out_type.storage), *args)
+    kernels.quantize(flat_x, *params, y.reshape(-1).view(out_type.storage), *args)
     return y
 
 
@@ -470,8 +525,10 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
 
     gran = _resolve_granularity(spec, opset, x_shape, scale, zero_point, axis, block_size,
                                 "x_scale", "x_zero_point")
-    scale_values = _parameter_values(scale)
-    zp_values = _zero_point_values(zero_point, x_type, scale, label, "x_zero_point")
+    _check_zero_point_values(zero_point, x_type, label, "x_zero_point")
+    # float32 outputs from 8- and 16-bit codes: float32 parameters (exact there).
+    float32 = out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2
+    params = _kernel_parameters(scale, zero_point, scale.size, 0.0, float32, zero_point_int=False)[:4]
     if x_type.storage.itemsize == 1:
         table = _decode_table(x_type.name)
     else:
@@ -485,14 +542,14 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     n_threads = resolve_threads(n_threads, size)
     if x is None:
         _kernels.active.dequantize.dequantize_packed(
-            raw, x_type.bits, size, scale_values, zp_values, y.reshape(-1).view(out_type.storage),
+            raw, x_type.bits, size, *params, y.reshape(-1).view(out_type.storage),
             gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
             table, out_type.value_format, n_threads, integer_bits, integer_signed, small_float_id,
             _FAST_KERNELS,
         )
         return y
     _kernels.active.dequantize.dequantize(
-        _flat_storage(x, x_type), scale_values, zp_values, y.reshape(-1).view(out_type.storage),
+        _flat_storage(x, x_type), *params, y.reshape(-1).view(out_type.storage),
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
         table, x_type.name == "int16", out_type.value_format, n_threads,
         integer_bits, integer_signed, small_float_id, _FAST_KERNELS,
