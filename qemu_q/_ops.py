@@ -328,32 +328,60 @@ def _flat_storage(array: np.ndarray, etype: ElementType) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1).view(etype.storage)
 
 
-def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
-                    saturate=1, precision=0, opset=None, out=None, packed=False,
-                    n_threads=None) -> np.ndarray:
-    """ONNX QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point), bit-exact.
+@dataclass(frozen=True)
+class _ArraySpec:
+    """What validation reads of an array: its dtype and shape (a hashable cache key)."""
+    dtype: np.dtype
+    shape: tuple
 
-    `opset` selects the version (newest since-version <= opset; None: 28). Types follow
-    that version's schema; `output_dtype` takes an ONNX data-type int, a name ("int4",
-    "float8e4m3fn") or a dtype. Rules the spec leaves open are in docs/semantics.md.
+    @property
+    def ndim(self):
+        return len(self.shape)
 
-    `out` receives the result (no allocation). With `packed=True` the result is the ONNX
-    raw_data of y instead: a 1-D uint8 array of `pack(y)`'s bytes (ceil(n * bits / 8);
-    int4/uint4/float4 two per byte, int2/uint2 four, float6 four in three), quantized and
-    packed in one pass; `out` must then be such a uint8 array. `n_threads` overrides the
-    default thread count (`set_num_threads`); the bits never depend on it.
-    """
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+
+def _plan_cached(plan_fn, key):
+    """plan_fn(*key), from its cache when the key is hashable (an unhashable attribute
+    value is validated, and rejected, uncached). Arrays enter the key as (dtype, shape)."""
+    try:
+        return plan_fn(*key)
+    except TypeError:
+        try:
+            hash(key)
+        except TypeError:
+            return plan_fn.__wrapped__(*key)
+        raise
+
+
+@dataclass(frozen=True)
+class _QuantizePlan:
+    label: str
+    x_type: ElementType
+    out_type: ElementType
+    gran: _Granularity
+    precision_format: int
+    fast_divide: bool
+    code_kind: int
+    lo: int
+    hi: int
+    mask: int
+    small_float_id: int
+
+
+@lru_cache(maxsize=512)
+def _quantize_plan(opset, x_dtype, x_shape, scale_dtype, scale_shape, zp_dtype, zp_shape, axis,
+                   block_size, saturate, precision, output_dtype):
+    # Everything that depends on types, shapes and attributes only, validated once per
+    # signature: repeated calls (a model's layers, a sweep) skip straight to the kernel.
+    x = _ArraySpec(x_dtype, x_shape)
+    scale = _ArraySpec(scale_dtype, scale_shape)
+    zero_point = None if zp_dtype is None else _ArraySpec(zp_dtype, zp_shape)
     spec = get_spec("QuantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
     label = _label(spec, opset)
-    x = _as_array(x, "x")
-    scale = _as_array(y_scale, "y_scale")
-    zero_point = None if y_zero_point is None else _as_array(y_zero_point, "y_zero_point")
-    axis = _int_attribute(axis, "axis")
-    block_size = _int_attribute(block_size, "block_size")
-    saturate = _int_attribute(saturate, "saturate")
-    precision = _int_attribute(precision, "precision")
-    output_dtype = _normalize_output_dtype(output_dtype)
     _check_attribute(spec, opset, "block_size", block_size, 0)
     _check_attribute(spec, opset, "saturate", saturate, 1)
     _check_attribute(spec, opset, "precision", precision, 0)
@@ -376,27 +404,58 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     precision_type = _division_precision(spec, label, precision, x_type, scale_type)
     gran = _resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                 "y_scale", "y_zero_point")
-    _check_zero_point_values(zero_point, out_type, label, "y_zero_point")
     fast_divide = (
         precision_type.value_format == FMT_FLOAT32
         and x_type.name in ("float", "float16", "bfloat16")
         and scale_type.name in ("float", "float16", "bfloat16", "float8e8m0")
     )
-    # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
-    float32_path = _FAST_KERNELS and fast_divide and x_type.name == "float"
-    params = _kernel_parameters(scale, zero_point, scale.size, -0.0, float32_path,
-                                zero_point_int=out_type.kind == "integer")
     if out_type.kind == "integer":
         code_kind, lo, hi, mask = CODE_INTEGER, out_type.lo, out_type.hi, (1 << out_type.bits) - 1
         small_float_id = 0
     else:
         code_kind, lo, hi, mask = CODE_SMALL_FLOAT, 0, 0, 0
         small_float_id = out_type.small_float_id
+    return _QuantizePlan(label, x_type, out_type, gran, precision_type.value_format, fast_divide,
+                         code_kind, lo, hi, mask, small_float_id)
+
+
+def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
+                    saturate=1, precision=0, opset=None, out=None, packed=False,
+                    n_threads=None) -> np.ndarray:
+    """ONNX QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point), bit-exact.
+
+    `opset` selects the version (newest since-version <= opset; None: 28). Types follow
+    that version's schema; `output_dtype` takes an ONNX data-type int, a name ("int4",
+    "float8e4m3fn") or a dtype. Rules the spec leaves open are in docs/semantics.md.
+
+    `out` receives the result (no allocation). With `packed=True` the result is the ONNX
+    raw_data of y instead: a 1-D uint8 array of `pack(y)`'s bytes (ceil(n * bits / 8);
+    int4/uint4/float4 two per byte, int2/uint2 four, float6 four in three), quantized and
+    packed in one pass; `out` must then be such a uint8 array. `n_threads` overrides the
+    default thread count (`set_num_threads`); the bits never depend on it.
+    """
+    x = _as_array(x, "x")
+    scale = _as_array(y_scale, "y_scale")
+    zero_point = None if y_zero_point is None else _as_array(y_zero_point, "y_zero_point")
+    saturate = _int_attribute(saturate, "saturate")
+    key = (opset, x.dtype, x.shape, scale.dtype, scale.shape,
+           None if zero_point is None else zero_point.dtype,
+           None if zero_point is None else zero_point.shape,
+           _int_attribute(axis, "axis"), _int_attribute(block_size, "block_size"), saturate,
+           _int_attribute(precision, "precision"), _normalize_output_dtype(output_dtype))
+    plan = _plan_cached(_quantize_plan, key)
+    label, x_type, out_type, gran = plan.label, plan.x_type, plan.out_type, plan.gran
+    fast_divide = plan.fast_divide
+    _check_zero_point_values(zero_point, out_type, label, "y_zero_point")
+    # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
+    float32_path = _FAST_KERNELS and fast_divide and x_type.name == "float"
+    params = _kernel_parameters(scale, zero_point, scale.size, -0.0, float32_path,
+                                zero_point_int=out_type.kind == "integer")
     args = (
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
-        x_type.value_format, precision_type.value_format, fast_divide,
-        code_kind, lo, hi, mask, small_float_id, saturate, resolve_threads(n_threads, x.size),
-        float32_path,
+        x_type.value_format, plan.precision_format, fast_divide,
+        plan.code_kind, plan.lo, plan.hi, plan.mask, plan.small_float_id, saturate,
+        resolve_threads(n_threads, x.size), float32_path,
     )
     kernels = _kernels.active.quantize
     flat_x = _flat_storage(x, x_type)
@@ -465,46 +524,32 @@ def _decode_table(type_name: str) -> np.ndarray:
     return table
 
 
-def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
-                      opset=None, out=None, packed=False, dtype=None, shape=None,
-                      n_threads=None) -> np.ndarray:
-    """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
+@dataclass(frozen=True)
+class _DequantizePlan:
+    label: str
+    x_type: ElementType
+    out_type: ElementType
+    gran: _Granularity
+    table: np.ndarray
+    integer_bits: int
+    integer_signed: bool
+    small_float_id: int
+    float32_parameters: bool
 
-    `opset` selects the version (None: 28). The output type is float32 (10, 13), the
-    scale's type (19, 21), or `output_dtype` / the scale's type (23+).
 
-    `out` receives the result (no allocation). With `packed=True`, x is the ONNX raw_data
-    of the codes (bytes or a uint8 array, as `pack` gives and `quantize_linear(...,
-    packed=True)` returns): `shape` is the shape of x and `dtype` its element type (or
-    x_zero_point's type); sub-byte codes are unpacked piece by piece, never as a whole
-    array. `n_threads` overrides the default thread count; the bits never depend on it.
-    """
+@lru_cache(maxsize=512)
+def _dequantize_plan(opset, x_dtype, x_shape, scale_dtype, scale_shape, zp_dtype, zp_shape, axis,
+                     block_size, output_dtype):
+    # As _quantize_plan: validated once per signature.
     spec = get_spec("DequantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
     label = _label(spec, opset)
-    scale = _as_array(x_scale, "x_scale")
-    zero_point = None if x_zero_point is None else _as_array(x_zero_point, "x_zero_point")
-    raw = None
-    if packed:
-        x_type, x_shape, raw = _packed_input(x, dtype, shape, zero_point, label)
-        if x_type.packed:
-            x = None  # read from raw by the packed kernel
-        elif _LITTLE_ENDIAN:
-            x = raw.view(x_type.dtype).reshape(x_shape)  # whole-byte types: a view
-        else:
-            x = raw.view(x_type.dtype.newbyteorder("<")).astype(x_type.dtype).reshape(x_shape)
-    else:
-        if dtype is not None or shape is not None:
-            raise TypeError(f"{label}: dtype= and shape= describe packed input; pass packed=True")
-        x = _as_array(x, "x")
-        x_type = array_element_type(x, "x")
-        x_shape = x.shape
-    axis = _int_attribute(axis, "axis")
-    block_size = _int_attribute(block_size, "block_size")
-    output_dtype = _normalize_output_dtype(output_dtype)
+    scale = _ArraySpec(scale_dtype, scale_shape)
+    zero_point = None if zp_dtype is None else _ArraySpec(zp_dtype, zp_shape)
     _check_attribute(spec, opset, "block_size", block_size, 0)
     _check_attribute(spec, opset, "output_dtype", output_dtype, None)
 
+    x_type = array_element_type(_ArraySpec(x_dtype, x_shape), "x")
     scale_type = array_element_type(scale, "x_scale")
     _check_type(spec, opset, "x", x_type)
     _check_type(spec, opset, "x_scale", scale_type)
@@ -525,18 +570,66 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
 
     gran = _resolve_granularity(spec, opset, x_shape, scale, zero_point, axis, block_size,
                                 "x_scale", "x_zero_point")
-    _check_zero_point_values(zero_point, x_type, label, "x_zero_point")
-    # float32 outputs from 8- and 16-bit codes: float32 parameters (exact there).
-    float32 = out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2
-    params = _kernel_parameters(scale, zero_point, scale.size, 0.0, float32, zero_point_int=False)[:4]
     if x_type.storage.itemsize == 1:
         table = _decode_table(x_type.name)
     else:
         table = _decode_table("uint8")  # unused by 16- and 32-bit codes
-    # Integer codes of 8 bits or fewer are decoded arithmetically by the kernel.
-    integer_bits = x_type.bits if x_type.kind == "integer" and x_type.bits <= 8 else 0
-    integer_signed = x_type.kind == "integer" and x_type.lo < 0
-    small_float_id = x_type.small_float_id if x_type.kind == "small_float" else -1
+    return _DequantizePlan(
+        label, x_type, out_type, gran, table,
+        # Integer codes of 8 bits or fewer, and small floats, are decoded on their bits.
+        x_type.bits if x_type.kind == "integer" and x_type.bits <= 8 else 0,
+        x_type.kind == "integer" and x_type.lo < 0,
+        x_type.small_float_id if x_type.kind == "small_float" else -1,
+        # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there).
+        out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2,
+    )
+
+
+def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
+                      opset=None, out=None, packed=False, dtype=None, shape=None,
+                      n_threads=None) -> np.ndarray:
+    """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
+
+    `opset` selects the version (None: 28). The output type is float32 (10, 13), the
+    scale's type (19, 21), or `output_dtype` / the scale's type (23+).
+
+    `out` receives the result (no allocation). With `packed=True`, x is the ONNX raw_data
+    of the codes (bytes or a uint8 array, as `pack` gives and `quantize_linear(...,
+    packed=True)` returns): `shape` is the shape of x and `dtype` its element type (or
+    x_zero_point's type); sub-byte codes are unpacked piece by piece, never as a whole
+    array. `n_threads` overrides the default thread count; the bits never depend on it.
+    """
+    scale = _as_array(x_scale, "x_scale")
+    zero_point = None if x_zero_point is None else _as_array(x_zero_point, "x_zero_point")
+    raw = None
+    if packed:
+        spec = get_spec("DequantizeLinear", opset)
+        label = _label(spec, spec.since_version if opset is None else opset)
+        x_type, x_shape, raw = _packed_input(x, dtype, shape, zero_point, label)
+        x_dtype = x_type.dtype
+        if x_type.packed:
+            x = None  # read from raw by the packed kernel
+        elif _LITTLE_ENDIAN:
+            x = raw.view(x_type.dtype).reshape(x_shape)  # whole-byte types: a view
+        else:
+            x = raw.view(x_type.dtype.newbyteorder("<")).astype(x_type.dtype).reshape(x_shape)
+    else:
+        if dtype is not None or shape is not None:
+            spec = get_spec("DequantizeLinear", opset)
+            label = _label(spec, spec.since_version if opset is None else opset)
+            raise TypeError(f"{label}: dtype= and shape= describe packed input; pass packed=True")
+        x = _as_array(x, "x")
+        x_dtype, x_shape = x.dtype, x.shape
+    key = (opset, x_dtype, x_shape, scale.dtype, scale.shape,
+           None if zero_point is None else zero_point.dtype,
+           None if zero_point is None else zero_point.shape,
+           _int_attribute(axis, "axis"), _int_attribute(block_size, "block_size"),
+           _normalize_output_dtype(output_dtype))
+    plan = _plan_cached(_dequantize_plan, key)
+    x_type, out_type, gran = plan.x_type, plan.out_type, plan.gran
+    _check_zero_point_values(zero_point, x_type, plan.label, "x_zero_point")
+    params = _kernel_parameters(scale, zero_point, scale.size, 0.0, plan.float32_parameters,
+                                zero_point_int=False)[:4]
     size = math.prod(x_shape)
     y = _prepare_output(out, x_shape, out_type, [("x", x if raw is None else raw), ("x_scale", scale)])
     n_threads = resolve_threads(n_threads, size)
@@ -544,15 +637,15 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
         _kernels.active.dequantize.dequantize_packed(
             raw, x_type.bits, size, *params, y.reshape(-1).view(out_type.storage),
             gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
-            table, out_type.value_format, n_threads, integer_bits, integer_signed, small_float_id,
-            _FAST_KERNELS,
+            plan.table, out_type.value_format, n_threads, plan.integer_bits, plan.integer_signed,
+            plan.small_float_id, _FAST_KERNELS,
         )
         return y
     _kernels.active.dequantize.dequantize(
         _flat_storage(x, x_type), *params, y.reshape(-1).view(out_type.storage),
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
-        table, x_type.name == "int16", out_type.value_format, n_threads,
-        integer_bits, integer_signed, small_float_id, _FAST_KERNELS,
+        plan.table, x_type.name == "int16", out_type.value_format, n_threads,
+        plan.integer_bits, plan.integer_signed, plan.small_float_id, _FAST_KERNELS,
     )
     return y
 
