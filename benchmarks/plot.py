@@ -92,7 +92,12 @@ def main(argv=None):
     for ax in axes[n_panels:]:
         ax.axis("off")
 
-    handles, labels = axes[0].get_legend_handles_labels() if cases else ([], [])
+    handles, labels = [], []
+    for ax in axes[:len(cases)]:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
     machine = results.get("machine", {})

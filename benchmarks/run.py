@@ -199,8 +199,6 @@ def _ort_runner(spec: CaseSpec, inputs: Inputs, model: onnx.ModelProto, threads:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if os.environ.get("BENCH_ORT_NO_SPIN"):
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     binding = session.io_binding()
     shape = list(inputs.x.shape)
@@ -407,7 +405,8 @@ def check_agreement(spec, qemu_result, ort_result) -> str:
     return "same" if diff == 0 else f"{diff} differ"
 
 
-def run_case(spec: CaseSpec, shape, args, with_reference=True, with_single=True) -> dict:
+def run_case(spec: CaseSpec, shape, args, with_reference=True, with_single=True, repeat=None,
+             reference_repeat=None) -> dict:
     rng = np.random.default_rng(SEED)
     inputs = make_inputs(spec, shape, rng)
     model = _model(spec, inputs)
@@ -422,9 +421,9 @@ def run_case(spec: CaseSpec, shape, args, with_reference=True, with_single=True)
     limited = {}
     if with_reference:
         impls["onnx.reference"], _ = _reference_runner(spec, inputs, model)
-        limited["onnx.reference"] = args.reference_repeat
+        limited["onnx.reference"] = args.reference_repeat if reference_repeat is None else reference_repeat
     min_sample = 0.002 if math.prod(shape) < (1 << 20) else 0.0
-    best = time_alternating(impls, args.repeat, min_sample, limited)
+    best = time_alternating(impls, args.repeat if repeat is None else repeat, min_sample, limited)
     return {
         "case": spec.name, "title": spec.title, "shape": list(shape), "size": math.prod(shape),
         "bytes_moved": inputs.bytes_moved, "times": best, "target": spec.target,
@@ -492,7 +491,9 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=4096, help="rows of the 2-D cases (default 4096)")
     p.add_argument("--cols", type=int, default=4096, help="columns of the 2-D cases (default 4096)")
     p.add_argument("--repeat", type=int, default=15, help="rounds per case (default 15)")
-    p.add_argument("--reference-repeat", type=int, default=2, help="rounds for onnx.reference (default 2)")
+    p.add_argument("--reference-repeat", type=int, default=3, help="rounds for onnx.reference (default 3)")
+    p.add_argument("--passes", type=int, default=3,
+                   help="passes through the cases the rounds are spread over (default 3)")
     p.add_argument("--threads", type=int, default=2, help="threads for qemu_q and onnxruntime (default 2)")
     p.add_argument("--no-sweep", action="store_true", help="skip the size sweep")
     p.add_argument("--sweep-only", action="store_true", help="only the size sweep")
@@ -513,6 +514,7 @@ def main(argv=None):
     if args.quick:
         args.repeat = min(args.repeat, 5)
         args.reference_repeat = 1
+        args.passes = 1
         args.sweep_max = min(args.sweep_max, 20)
     args.sweep_cases = [c for c in args.sweep_cases.split(",") if c]
     names = args.cases.split(",") if args.cases else [c.name for c in CASES]
@@ -535,12 +537,27 @@ def main(argv=None):
     if not args.sweep_only:
         shape = (args.rows, args.cols)
         print(f"\n{args.rows}x{args.cols} float32 ({args.rows * args.cols} elements), "
-              f"{args.repeat} rounds, {args.threads} threads:", flush=True)
-        for name in names:
-            row = run_case(CASES_BY_NAME[name], shape, args)
-            results["cases"].append(row)
-            print(f"  {row['title']:<34} " + "  ".join(
-                f"{k} {_fmt_ms(v)}" for k, v in row["times"].items()), flush=True)
+              f"{args.repeat} rounds in {min(args.passes, args.repeat)} passes, {args.threads} threads:",
+              flush=True)
+        # The rounds of each case are spread over `passes` passes through all the cases, so
+        # that every case gets samples from the whole run (the load of a shared machine
+        # comes and goes); each pass still alternates the implementations round by round.
+        passes = max(1, min(args.passes, args.repeat))
+        rows = {}
+        for p_index in range(passes):
+            repeat = -(-args.repeat // passes)
+            reference_repeat = max(1, -(-args.reference_repeat // passes)) if p_index < args.reference_repeat else 0
+            for name in names:
+                row = run_case(CASES_BY_NAME[name], shape, args, with_reference=reference_repeat > 0,
+                               repeat=repeat, reference_repeat=reference_repeat)
+                if name in rows:
+                    for impl, t in row["times"].items():
+                        rows[name]["times"][impl] = min(rows[name]["times"].get(impl, math.inf), t)
+                else:
+                    rows[name] = row
+                print(f"  pass {p_index + 1}/{passes} {row['title']:<34} " + "  ".join(
+                    f"{k} {_fmt_ms(v)}" for k, v in row["times"].items()), flush=True)
+        results["cases"] = [rows[name] for name in names]
         print()
         ok = print_table(results["cases"], bandwidth)
     if not args.no_sweep and args.sweep_cases:
