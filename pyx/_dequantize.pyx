@@ -23,7 +23,10 @@ from _layout cimport (
     cursor_at, next_segment,
 )
 from _subbyte cimport unpack_codes
-from _prefetch cimport prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD
+from _memory cimport (
+    prefetch, stream_store, stream_fence, HAVE_STREAM, PREFETCH_BLOCK, PREFETCH_AHEAD,
+    STREAM_MIN_BYTES, STREAM_PIECE,
+)
 
 cdef enum:
     # Codes unpacked into a stack buffer before they are dequantized: a multiple of 8.
@@ -48,6 +51,7 @@ cdef struct DequantizePlan:
     bint signed16           # uint16_t storage holds int16
     int out_format
     bint fast               # False forces the table and the general loops (tests)
+    bint stream             # a large output: computed piecewise into L1, streamed out
     Layout layout
     const double* scale
     const double* zero_point
@@ -252,11 +256,29 @@ cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t
         block = c.end
 
 
+cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
+                                     Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
+    # As dequantize_range, into y[start : end] through an L1-resident buffer streamed out
+    # piece by piece (_memory.pxd).
+    cdef y_storage_t buffer[STREAM_PIECE]
+    cdef Py_ssize_t piece = start
+    cdef Py_ssize_t piece_end
+    while piece < end:
+        piece_end = min(piece + <Py_ssize_t>STREAM_PIECE, end)
+        dequantize_range(x + (piece - start), buffer, piece, piece_end, p)
+        stream_store(y + piece, buffer, (piece_end - piece) * sizeof(y_storage_t))
+        piece = piece_end
+
+
 cdef inline void dequantize_task(const dq_code_t* x, y_storage_t* y, const DequantizePlan* p,
                                  Py_ssize_t task) noexcept nogil:
     cdef Py_ssize_t start = task * RUN_CHUNK
     cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
-    dequantize_range(x + start, y + start, start, end, p)
+    if p.stream:
+        dequantize_streamed(x + start, y, start, end, p)
+        stream_fence()
+    else:
+        dequantize_range(x + start, y + start, start, end, p)
 
 
 cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_storage_t* y,
@@ -271,8 +293,13 @@ cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_stora
     while piece < end:
         piece_end = min(piece + <Py_ssize_t>UNPACK_BUFFER, end)
         unpack_codes(packed + piece * bits // 8, piece_end - piece, buffer, bits)
-        dequantize_range(buffer, y + piece, piece, piece_end, p)
+        if p.stream:
+            dequantize_streamed(buffer, y, piece, piece_end, p)
+        else:
+            dequantize_range(buffer, y + piece, piece, piece_end, p)
         piece = piece_end
+    if p.stream:
+        stream_fence()
 
 
 cdef inline bint float32_parameters(Py_ssize_t code_size, int out_format) noexcept nogil:
@@ -296,7 +323,7 @@ cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const do
                               Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                               int granularity, Py_ssize_t block_size, const float[::1] table,
                               int integer_bits, bint integer_signed, int small_float_id,
-                              bint signed16, int out_format, bint fast):
+                              bint signed16, int out_format, bint fast, Py_ssize_t out_itemsize):
     cdef DequantizePlan p
     p.layout = make_layout(size, outer, axis_len, inner, granularity, block_size)
     p.table = &table[0]
@@ -308,6 +335,7 @@ cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const do
     p.signed16 = signed16
     p.out_format = out_format
     p.fast = fast
+    p.stream = HAVE_STREAM and size * out_itemsize >= STREAM_MIN_BYTES
     p.scale = &scale[0]
     p.zero_point = &zero_point[0]
     p.scale32 = &scale32[0]
@@ -339,7 +367,7 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
         return
     p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
                   granularity, block_size, table, integer_bits, integer_signed, small_float_id,
-                  signed16, out_format, fast)
+                  signed16, out_format, fast, sizeof(y_storage_t))
     check_parameters(&p.layout, float32_parameters(sizeof(dq_code_t), out_format),
                      scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
     n_tasks = layout_tasks(&p.layout)
@@ -366,7 +394,7 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
         return
     p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
                   granularity, block_size, table, integer_bits, integer_signed, small_float_id,
-                  False, out_format, fast)
+                  False, out_format, fast, sizeof(y_storage_t))
     check_parameters(&p.layout, float32_parameters(1, out_format),
                      scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
     n_tasks = layout_tasks(&p.layout)

@@ -22,7 +22,7 @@ from _codecs cimport (
     encode_integer, round_biased, saturate_biased, encode_small_float,
 )
 from _subbyte cimport pack_codes
-from _prefetch cimport prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD
+from _memory cimport prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD
 
 cdef enum:
     # Codes quantized into a stack buffer (L1-resident) before they are packed: a multiple

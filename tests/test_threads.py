@@ -296,3 +296,38 @@ def test_small_inputs_run_serially():
     from qemu_q._threads import SERIAL_BELOW, resolve_threads
     assert resolve_threads(8, SERIAL_BELOW - 1) == 1
     assert resolve_threads(8, SERIAL_BELOW) == 8
+
+
+@pytest.mark.parametrize("qtype", ["int8", "int4", "float8e4m3fn", "uint16"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_streamed_large_outputs(qtype, axis, restore_kernels):
+    # DequantizeLinear outputs of 8 MiB or more are written with streaming stores
+    # (pyx/_memory.pxd); the halves here are below that size, so they are not. The bits
+    # must be the same either way, for every level, path and thread count.
+    rows, cols = 1024, 2100  # 2150400 elements: 8.2 MiB of float32
+    rng = np.random.default_rng(zlib.crc32(f"stream {qtype} {axis}".encode()))
+    dtype = np.dtype(ALL_TYPES[qtype])
+    if dtype.itemsize == 2:
+        codes = rng.integers(0, 2**16, (rows, cols), dtype=np.uint16).view(dtype)
+    else:
+        width = qemu_q.element_type(qtype).bits
+        codes = (rng.integers(0, 256, (rows, cols), dtype=np.uint8) & ((1 << width) - 1)).astype(np.uint8).view(dtype)
+    pshape = _param_shape((rows, cols), axis, 0)
+    scale = _scales(rng, pshape)
+    zp = _zero_point(rng, qtype, pshape)
+    kw = {"axis": axis if axis is not None else 1}
+    halves = []
+    for part in (slice(0, rows // 2), slice(rows // 2, rows)):
+        # Per-axis along axis 0 takes the scales of its rows.
+        s, z = (scale[part], zp[part]) if axis == 0 else (scale, zp)
+        halves.append(qemu_q.dequantize_linear(codes[part], s, z, n_threads=1, **kw))
+    expected = np.concatenate(halves)
+
+    def run(n):
+        return qemu_q.dequantize_linear(codes, scale, zp, n_threads=n, **kw)
+
+    assert_same_bits(_check_all(run, f"{qtype} axis={axis}"), expected, "streamed == halves")
+    if qtype == "int4":
+        raw = qemu_q.pack(codes)
+        got = qemu_q.dequantize_linear(raw, scale, zp, packed=True, shape=codes.shape, n_threads=2, **kw)
+        assert_same_bits(got, expected, "packed, streamed == halves")

@@ -1,0 +1,88 @@
+# Memory-traffic helpers: software prefetch of the kernels' input streams, and streaming
+# (non-temporal) stores for DequantizeLinear's large outputs.
+#
+# Prefetch: the kernels walk their input PREFETCH_BLOCK elements at a time and prefetch the
+# block PREFETCH_AHEAD elements further on. The hardware prefetchers alone lose the stream at
+# page boundaries when a loop also reads per-element scales (per-axis along the last
+# axis), which then ran at half the bandwidth; the plain loops gain some 10% too. The
+# prefetch is non-temporal (locality 0): the input is read once, and the per-element
+# scales it would otherwise push out of L1 stay there (another 5-10% on per-axis).
+#
+# Streaming stores: DequantizeLinear writes 2 or 4 bytes per 1-byte code. Through plain
+# stores those output lines pass through L1 and push the per-element scales out; computed
+# into an L1-resident buffer and streamed out instead, the per-axis float32 output ran 30%
+# faster on the machine of docs/performance.md (per-tensor: unchanged). QuantizeLinear's
+# outputs are 4 to 16 times smaller than its input: streaming them changed nothing, and
+# they stay plain stores. Only outputs of STREAM_MIN_BYTES or more are streamed: a smaller
+# one is better left in the caches for the caller that reads it next. Only how the bytes
+# reach memory changes, never a value.
+
+cdef extern from *:
+    """
+    #include <string.h>
+    #include <stdint.h>
+
+    /* Prefetch the lines of [p, p + n) for a single read (prefetchnta on x86): a hint
+       that never faults, even beyond the end of an array. */
+    static inline void qemu_q_prefetch(const void *p, size_t n) {
+    #if defined(__GNUC__) || defined(__clang__)
+        const char *c = (const char *)p;
+        size_t i;
+        for (i = 0; i < n; i += 64) __builtin_prefetch(c + i, 0, 0);
+    #else
+        (void)p; (void)n;
+    #endif
+    }
+
+    #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    #include <immintrin.h>
+    #if defined(__AVX512F__)
+    #define QEMU_Q_STREAM_WIDTH 64
+    #elif defined(__AVX__)
+    #define QEMU_Q_STREAM_WIDTH 32
+    #else
+    #define QEMU_Q_STREAM_WIDTH 16
+    #endif
+    /* Copy n bytes to dst with streaming stores (plain ones for the unaligned head and
+       the tail). */
+    static inline void qemu_q_stream_store(void *dst, const void *src, size_t n) {
+        char *d = (char *)dst;
+        const char *s = (const char *)src;
+        size_t head = (size_t)(-(uintptr_t)d) & (QEMU_Q_STREAM_WIDTH - 1);
+        if (head > n) head = n;
+        memcpy(d, s, head);
+        d += head; s += head; n -= head;
+        for (; n >= QEMU_Q_STREAM_WIDTH; n -= QEMU_Q_STREAM_WIDTH, d += QEMU_Q_STREAM_WIDTH, s += QEMU_Q_STREAM_WIDTH) {
+    #if defined(__AVX512F__)
+            _mm512_stream_si512((__m512i *)d, _mm512_loadu_si512((const void *)s));
+    #elif defined(__AVX__)
+            _mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
+    #else
+            _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    #endif
+        }
+        memcpy(d, s, n);
+    }
+    /* Streaming stores are weakly ordered: fence them before the thread team's barrier
+       publishes the output. */
+    static inline void qemu_q_stream_fence(void) { _mm_sfence(); }
+    #define QEMU_Q_HAVE_STREAM 1
+    #else
+    static inline void qemu_q_stream_store(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+    static inline void qemu_q_stream_fence(void) { }
+    #define QEMU_Q_HAVE_STREAM 0
+    #endif
+    """
+    void prefetch "qemu_q_prefetch" (const void* p, size_t n) noexcept nogil
+    void stream_store "qemu_q_stream_store" (void* dst, const void* src, size_t n) noexcept nogil
+    void stream_fence "qemu_q_stream_fence" () noexcept nogil
+    enum: HAVE_STREAM "QEMU_Q_HAVE_STREAM"
+
+
+cdef enum:
+    PREFETCH_BLOCK = 512
+    PREFETCH_AHEAD = 1024
+    # Outputs of at least this many bytes are streamed (where the CPU has streaming stores).
+    STREAM_MIN_BYTES = 1 << 23
+    # Elements computed into the L1-resident buffer per streamed piece (a multiple of 8).
+    STREAM_PIECE = 2048
