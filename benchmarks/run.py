@@ -452,7 +452,9 @@ def print_table(rows, bandwidth):
         verdict = "" if tgt is None else ("PASS" if ratio <= tgt else "FAIL")
         ref = t.get("onnx.reference")
         rref = q / ref if ref else None
-        rverdict = "" if rref is None else ("PASS" if rref <= REFERENCE_LIMIT else "FAIL")
+        # The targets, the onnx.reference one included, cover the cases it lists
+        # (those with a target here); the others are for information.
+        rverdict = "" if rref is None or tgt is None else ("PASS" if rref <= REFERENCE_LIMIT else "FAIL")
         all_pass &= verdict != "FAIL" and rverdict != "FAIL"
         scaling = t["qemu_q_1t"] / q if "qemu_q_1t" in t else None
         roof = (r["bytes_moved"] / roof_bw) / q * 100 if roof_bw else None
@@ -463,8 +465,9 @@ def print_table(rows, bandwidth):
               f"{'' if rref is None else f'{rref:.4f}':>7} {rverdict:4} "
               f"{'' if roof is None else f'{roof:.0f}':>5}  {r['agreement']}")
     print("-" * len(head))
-    print("times in ms, best of the rounds; q/ORT and q/ref: time ratios of this run; roof%: "
-          "the copy-bandwidth time of the bytes moved over qemu_q's time")
+    print("times in ms, best of the rounds; q/ORT and q/ref: time ratios of this run (targets: "
+          f"q/ORT as listed, q/ref <= {REFERENCE_LIMIT} for the cases with a target); roof%: the "
+          "copy-bandwidth time of the bytes moved over qemu_q's time")
     print("ALL TARGETS MET" if all_pass else "SOME TARGETS MISSED")
     return all_pass
 

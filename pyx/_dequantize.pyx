@@ -24,8 +24,7 @@ from _layout cimport (
 )
 from _subbyte cimport unpack_codes
 from _memory cimport (
-    prefetch, stream_store, stream_fence, HAVE_STREAM, PREFETCH_BLOCK, PREFETCH_AHEAD,
-    STREAM_MIN_BYTES, STREAM_PIECE,
+    stream_store, stream_fence, HAVE_STREAM, STREAM_MIN_BYTES, STREAM_PIECE,
 )
 
 cdef enum:
@@ -201,7 +200,6 @@ cdef inline void dequantize_last_axis_blocks(const uint8_t* x, float* y, Py_ssiz
     # consecutive parameters, from one row to the next too).
     cdef Cursor c
     cdef Py_ssize_t pos = start
-    cdef Py_ssize_t next_prefetch = start
     cdef Py_ssize_t block_size = p.layout.block_size
     cdef Py_ssize_t axis_len = p.layout.axis_len
     cdef Py_ssize_t n, j, in_block, param
@@ -210,9 +208,6 @@ cdef inline void dequantize_last_axis_blocks(const uint8_t* x, float* y, Py_ssiz
     in_block = c.in_block
     param = c.o * p.layout.n_blocks + c.block
     while pos < end:
-        if pos >= next_prefetch:
-            prefetch(x + (pos - start) + PREFETCH_AHEAD, PREFETCH_BLOCK)
-            next_prefetch = pos + PREFETCH_BLOCK
         n = min(min(block_size - in_block, axis_len - j), end - pos)
         if p.integer_bytes:
             run_integer_bytes_f32(x + (pos - start), y + (pos - start), n, p.scale32 + param,
@@ -235,25 +230,19 @@ cdef inline void dequantize_last_axis_blocks(const uint8_t* x, float* y, Py_ssiz
 cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
                                   Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # Elements [start, end): codes read from x[0 : end - start], values written to
-    # y[0 : end - start], PREFETCH_BLOCK elements at a time, each block prefetching the
-    # codes PREFETCH_AHEAD elements further on.
+    # y[0 : end - start].
     cdef Cursor c
     cdef Segment seg
-    cdef Py_ssize_t block = start
     if dq_code_t is uint8_t:
         if y_storage_t is float:
             if (p.fast and (p.integer_bytes or p.small_float_bytes) and p.layout.granularity == BLOCKED
                     and p.layout.inner == 1):
                 dequantize_last_axis_blocks(x, y, start, end, p)
                 return
-    cursor_at(&p.layout, start, start, &c)
-    while block < end:
-        c.end = min(block + <Py_ssize_t>PREFETCH_BLOCK, end)
-        prefetch(x + (block - start) + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(dq_code_t))
-        while next_segment(&p.layout, &c, &seg):
-            run_segment(x + (seg.start - start), y + (seg.start - start), seg.length,
-                        seg.param_index, seg.params_vary, p)
-        block = c.end
+    cursor_at(&p.layout, start, end, &c)
+    while next_segment(&p.layout, &c, &seg):
+        run_segment(x + (seg.start - start), y + (seg.start - start), seg.length,
+                    seg.param_index, seg.params_vary, p)
 
 
 cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
