@@ -361,7 +361,7 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
                      scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
             dequantize_task(&x[0], &out[0], &p, task)
     else:
         with nogil:
@@ -388,7 +388,7 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
                      scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
             dequantize_packed_task(&packed[0], bits, &out[0], &p, task)
     else:
         with nogil:

@@ -23,7 +23,7 @@ def min_max(const float[::1] x, int n_threads):
     cdef float[::1] plo = partial_lo
     cdef float[::1] phi = partial_hi
     cdef int[::1] pnan = partial_nan
-    for c in prange(n_chunks, nogil=True, schedule='guided', num_threads=max(1, n_threads)):
+    for c in prange(n_chunks, nogil=True, schedule='dynamic', num_threads=max(1, n_threads)):
         lo = INFINITY
         hi = -INFINITY
         nan = 0

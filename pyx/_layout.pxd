@@ -4,11 +4,12 @@
 #
 # A task is a flat range of element indices. Every element is computed on its own, so
 # the bits never depend on where the ranges fall, on the thread count, or on which thread
-# takes which task. The kernels hand tasks out with schedule='guided' (long contiguous
-# runs first, then smaller ones to balance the end): a thread the OS preempts on a busy
-# machine does not hold up the whole call, and each thread still streams through long
-# contiguous runs. A cursor walks the range segment by segment with additions only, so
-# that short segments (blocks of 32, rows of a few channels) do not pay a division each.
+# takes which task. The kernels hand tasks out one at a time (schedule='dynamic'): a thread
+# the OS preempts on a busy machine then holds up the call by one task at most, where a
+# static split (or 'guided', whose first grab is half the work) made a 2-thread call wait a
+# whole 10 ms scheduler slice for it. Each task is still a 128 KB contiguous run. A cursor
+# walks the range segment by segment with additions only, so that short segments (blocks
+# of 32, rows of a few channels) do not pay a division each.
 
 cdef enum:
     # Elements per task: large enough to amortise the scheduling, small enough to balance

@@ -30,7 +30,7 @@ def pack(const uint8_t[::1] codes, uint8_t[::1] out, int bits, int n_threads):
     if n == 0:
         return
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
             pack_task(&codes[0], n, &out[0], bits, task)
     else:
         with nogil:
@@ -46,7 +46,7 @@ def unpack(const uint8_t[::1] packed, uint8_t[::1] out, int bits, int n_threads)
     if n == 0:
         return
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
             unpack_task(&packed[0], n, &out[0], bits, task)
     else:
         with nogil:

@@ -328,7 +328,7 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
                      p.path == PATH_F32_INTEGER)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
             quantize_task(&x[0], &out[0], &p, task)
     else:
         with nogil:
@@ -358,7 +358,7 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
                      p.path == PATH_F32_INTEGER)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='guided', num_threads=n_threads):
+        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
             quantize_packed_task(&x[0], &out[0], bits, &p, task)
     else:
         with nogil:
