@@ -19,7 +19,7 @@ from _codecs cimport (
     pack_value_format,
 )
 from _layout cimport (
-    Layout, Segment, Cursor, RUN_CHUNK, BLOCKED, make_layout, layout_tasks, layout_parameters,
+    Layout, Segment, Cursor, BLOCKED, make_layout, set_task_size, layout_tasks, layout_parameters,
     cursor_at, next_segment,
 )
 from _subbyte cimport unpack_codes
@@ -261,8 +261,8 @@ cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssiz
 
 cdef inline void dequantize_task(const dq_code_t* x, y_storage_t* y, const DequantizePlan* p,
                                  Py_ssize_t task) noexcept nogil:
-    cdef Py_ssize_t start = task * RUN_CHUNK
-    cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
+    cdef Py_ssize_t start = task * p.layout.task_size
+    cdef Py_ssize_t end = min(start + p.layout.task_size, p.layout.size)
     if p.stream:
         dequantize_streamed(x + start, y, start, end, p)
         stream_fence()
@@ -275,8 +275,8 @@ cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_stora
     # Unpack a cache-sized piece into a stack buffer, dequantize it, go on: the
     # one-per-byte codes never reach memory.
     cdef uint8_t buffer[UNPACK_BUFFER]
-    cdef Py_ssize_t start = task * RUN_CHUNK
-    cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
+    cdef Py_ssize_t start = task * p.layout.task_size
+    cdef Py_ssize_t end = min(start + p.layout.task_size, p.layout.size)
     cdef Py_ssize_t piece, piece_end
     piece = start
     while piece < end:
@@ -359,6 +359,7 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
                   signed16, out_format, fast, sizeof(y_storage_t))
     check_parameters(&p.layout, float32_parameters(sizeof(dq_code_t), out_format),
                      scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
+    set_task_size(&p.layout, n_threads)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
@@ -386,6 +387,7 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
                   False, out_format, fast, sizeof(y_storage_t))
     check_parameters(&p.layout, float32_parameters(1, out_format),
                      scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
+    set_task_size(&p.layout, n_threads)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):

@@ -12,9 +12,15 @@
 # of 32, rows of a few channels) do not pay a division each.
 
 cdef enum:
-    # Elements per task: large enough to amortise the scheduling, small enough to balance
-    # up to sixteen threads on megabyte tensors. A multiple of 4, so that tasks start on
-    # whole bytes of every packed layout (2 codes per byte, 4 per byte, 4 codes in 3 bytes).
+    # Elements per task: from MIN_TASK to MAX_TASK, aiming at 4 tasks per thread (see
+    # set_task_size). Long tasks keep each thread streaming through one contiguous run
+    # (512 KB of float32 at most: with 128 KB ones, two threads interleaving them ran 20%
+    # slower); several per thread bound what a preempted thread can hold up. Multiples of
+    # 4096, so that tasks start on whole bytes of every packed layout (2 codes per byte,
+    # 4 per byte, 4 codes in 3 bytes) and on whole pack/unpack buffers.
+    MIN_TASK = 16384
+    MAX_TASK = 131072
+    # The tests straddle this boundary too (the old fixed task size).
     RUN_CHUNK = 32768
 
 cdef enum Granularity:
@@ -30,6 +36,7 @@ cdef struct Layout:
     Py_ssize_t inner       # product of the dimensions after the axis
     Py_ssize_t block_size
     Py_ssize_t n_blocks
+    Py_ssize_t task_size   # elements per task
     int granularity
 
 
@@ -62,11 +69,19 @@ cdef inline Layout make_layout(Py_ssize_t size, Py_ssize_t outer, Py_ssize_t axi
     L.granularity = granularity
     L.block_size = block_size if block_size > 0 else 1
     L.n_blocks = (axis_len + L.block_size - 1) // L.block_size
+    L.task_size = MIN_TASK
     return L
 
 
+cdef inline void set_task_size(Layout* L, int n_threads) noexcept nogil:
+    # About 4 tasks per thread, within [MIN_TASK, MAX_TASK], a multiple of 4096.
+    cdef Py_ssize_t t = L.size // (4 * (n_threads if n_threads > 1 else 1))
+    t = (t // 4096) * 4096
+    L.task_size = max(<Py_ssize_t>MIN_TASK, min(<Py_ssize_t>MAX_TASK, t))
+
+
 cdef inline Py_ssize_t layout_tasks(const Layout* L) noexcept nogil:
-    return (L.size + RUN_CHUNK - 1) // RUN_CHUNK
+    return (L.size + L.task_size - 1) // L.task_size
 
 
 cdef inline Py_ssize_t layout_parameters(const Layout* L) noexcept nogil:

@@ -11,7 +11,7 @@ from cython.parallel cimport prange
 from libc.stdint cimport uint8_t, uint16_t, int32_t
 
 from _layout cimport (
-    Layout, Segment, Cursor, RUN_CHUNK, BLOCKED, make_layout, layout_tasks, layout_parameters,
+    Layout, Segment, Cursor, BLOCKED, make_layout, set_task_size, layout_tasks, layout_parameters,
     cursor_at, next_segment,
 )
 from _codecs cimport (
@@ -210,6 +210,8 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
     cdef Cursor c
     cdef Segment seg
     cdef Py_ssize_t block = start
+    # The start of a task is not prefetched by the block before it.
+    prefetch(x + start, PREFETCH_AHEAD * sizeof(x_storage_t))
     if x_storage_t is float:
         if (p.path != PATH_GENERAL and p.layout.granularity == BLOCKED and p.layout.inner == 1
                 and p.layout.block_size < PREFETCH_BLOCK):
@@ -227,8 +229,8 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
 
 cdef inline void quantize_task(const x_storage_t* x, code_storage_t* y, const QuantizePlan* p,
                                Py_ssize_t task) noexcept nogil:
-    cdef Py_ssize_t start = task * RUN_CHUNK
-    cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
+    cdef Py_ssize_t start = task * p.layout.task_size
+    cdef Py_ssize_t end = min(start + p.layout.task_size, p.layout.size)
     quantize_range(x, y + start, start, end, p)
 
 
@@ -237,8 +239,8 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
     # Quantize a cache-sized piece into a stack buffer, pack it, go on: the one-per-byte
     # codes never reach memory.
     cdef uint8_t buffer[PACK_BUFFER]
-    cdef Py_ssize_t start = task * RUN_CHUNK
-    cdef Py_ssize_t end = min(start + <Py_ssize_t>RUN_CHUNK, p.layout.size)
+    cdef Py_ssize_t start = task * p.layout.task_size
+    cdef Py_ssize_t end = min(start + p.layout.task_size, p.layout.size)
     cdef Py_ssize_t piece, piece_end
     piece = start
     while piece < end:
@@ -326,6 +328,7 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
     check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
                      scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
                      p.path == PATH_F32_INTEGER)
+    set_task_size(&p.layout, n_threads)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
@@ -356,6 +359,7 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
     check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
                      scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
                      p.path == PATH_F32_INTEGER)
+    set_task_size(&p.layout, n_threads)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
         for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):

@@ -8,7 +8,7 @@ False` forces that path; tests/test_kernels.py checks it against a naive referen
 - the fast (vectorized) paths and the general one;
 - every instruction-set level built and supported here (qemu_q._kernels: baseline,
   x86-64-v3, x86-64-v4);
-- sizes that straddle the kernels' boundaries: the 32768-element tasks, the 512-element
+- sizes that straddle the kernels' boundaries: the 16384- to 131072-element tasks, the 512-element
   prefetch blocks, the 4096-element pack/unpack buffers, the 65536-element serial
   threshold, and partial blocks and bytes at the ends;
 
