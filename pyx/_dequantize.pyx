@@ -8,7 +8,7 @@
 
 import numpy as np
 
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, threadid
 from libc.math cimport fabs, fma
 from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t
 
@@ -20,6 +20,7 @@ from _codecs cimport (
 )
 from _layout cimport (
     Layout, Segment, Cursor, BLOCKED, make_layout, set_task_size, layout_tasks, layout_parameters,
+    TaskQueue, task_queue_init, task_queue_claim,
     cursor_at, next_segment,
 )
 from _subbyte cimport unpack_codes
@@ -351,6 +352,8 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
     """
     cdef Py_ssize_t size = x.shape[0]
     cdef Py_ssize_t task, n_tasks
+    cdef TaskQueue queue
+    cdef int home
     cdef DequantizePlan p
     if size == 0:
         return
@@ -362,8 +365,13 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
     set_task_size(&p.layout, n_threads)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
-            dequantize_task(&x[0], &out[0], &p, task)
+        task_queue_init(&queue, n_tasks, n_threads)
+        with nogil, parallel(num_threads=n_threads):
+            home = threadid()
+            task = task_queue_claim(&queue, home)
+            while task >= 0:
+                dequantize_task(&x[0], &out[0], &p, task)
+                task = task_queue_claim(&queue, home)
     else:
         with nogil:
             for task in range(n_tasks):
@@ -379,6 +387,8 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
     """As `dequantize`, reading `size` codes of `bits` bits (2, 4 or 6) from the ONNX
     raw_data layout in `packed`."""
     cdef Py_ssize_t task, n_tasks
+    cdef TaskQueue queue
+    cdef int home
     cdef DequantizePlan p
     if size == 0:
         return
@@ -390,8 +400,13 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
     set_task_size(&p.layout, n_threads)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
-            dequantize_packed_task(&packed[0], bits, &out[0], &p, task)
+        task_queue_init(&queue, n_tasks, n_threads)
+        with nogil, parallel(num_threads=n_threads):
+            home = threadid()
+            task = task_queue_claim(&queue, home)
+            while task >= 0:
+                dequantize_packed_task(&packed[0], bits, &out[0], &p, task)
+                task = task_queue_claim(&queue, home)
     else:
         with nogil:
             for task in range(n_tasks):

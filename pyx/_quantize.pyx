@@ -7,11 +7,12 @@
 # codes, small-float codes) that the compiler vectorizes; everything else goes through the
 # general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
 
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, threadid
 from libc.stdint cimport uint8_t, uint16_t, int32_t
 
 from _layout cimport (
     Layout, Segment, Cursor, BLOCKED, make_layout, set_task_size, layout_tasks, layout_parameters,
+    TaskQueue, task_queue_init, task_queue_claim,
     cursor_at, next_segment,
 )
 from _codecs cimport (
@@ -318,6 +319,8 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
     """
     cdef Py_ssize_t size = x.shape[0]
     cdef Py_ssize_t task, n_tasks
+    cdef TaskQueue queue
+    cdef int home
     cdef QuantizePlan p
     if size == 0:
         return
@@ -331,8 +334,13 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
     set_task_size(&p.layout, n_threads)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
-            quantize_task(&x[0], &out[0], &p, task)
+        task_queue_init(&queue, n_tasks, n_threads)
+        with nogil, parallel(num_threads=n_threads):
+            home = threadid()
+            task = task_queue_claim(&queue, home)
+            while task >= 0:
+                quantize_task(&x[0], &out[0], &p, task)
+                task = task_queue_claim(&queue, home)
     else:
         with nogil:
             for task in range(n_tasks):
@@ -349,6 +357,8 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
     ONNX raw_data layout (ceil(n * bits / 8) bytes)."""
     cdef Py_ssize_t size = x.shape[0]
     cdef Py_ssize_t task, n_tasks
+    cdef TaskQueue queue
+    cdef int home
     cdef QuantizePlan p
     if size == 0:
         return
@@ -362,8 +372,13 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
     set_task_size(&p.layout, n_threads)
     n_tasks = layout_tasks(&p.layout)
     if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
-            quantize_packed_task(&x[0], &out[0], bits, &p, task)
+        task_queue_init(&queue, n_tasks, n_threads)
+        with nogil, parallel(num_threads=n_threads):
+            home = threadid()
+            task = task_queue_claim(&queue, home)
+            while task >= 0:
+                quantize_packed_task(&x[0], &out[0], bits, &p, task)
+                task = task_queue_claim(&queue, home)
     else:
         with nogil:
             for task in range(n_tasks):
