@@ -4,12 +4,13 @@
 #
 # A task is a flat range of element indices. Every element is computed on its own, so
 # the bits never depend on where the ranges fall, on the thread count, or on which thread
-# takes which task. The kernels hand tasks out one at a time (schedule='dynamic'): a thread
-# the OS preempts on a busy machine then holds up the call by one task at most, where a
-# static split (or 'guided', whose first grab is half the work) made a 2-thread call wait a
-# whole 10 ms scheduler slice for it. Each task is still a 128 KB contiguous run. A cursor
-# walks the range segment by segment with additions only, so that short segments (blocks
-# of 32, rows of a few channels) do not pay a division each.
+# takes which task. The thread team takes tasks from a TaskQueue (below): each thread
+# streams through its own contiguous share first, then helps with what is left of the
+# others, so that a thread the OS preempts on a busy machine holds up the call by one
+# task at most (a static split, or OpenMP's 'guided' whose first grab is half the work,
+# made a 2-thread call wait out a 10 ms scheduler slice). A cursor walks a task segment by
+# segment with additions only, so that short segments (blocks of 32, rows of a few
+# channels) do not pay a division each.
 
 cdef enum:
     # Elements per task: from MIN_TASK to MAX_TASK, aiming at 4 tasks per thread (see
