@@ -333,6 +333,51 @@ cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const do
     return p
 
 
+cdef inline void run_tasks(const dq_code_t* x, int bits, y_storage_t* y, const DequantizePlan* p,
+                           int n_threads) noexcept nogil:
+    # Every task of the call, on the thread team's task queue (_layout.pxd). bits > 0:
+    # x is the packed input (dq_code_t is uint8_t).
+    cdef Py_ssize_t task
+    cdef Py_ssize_t n_tasks = layout_tasks(&p.layout)
+    cdef TaskQueue queue
+    cdef int home
+    if n_threads > 1 and n_tasks > 1:
+        task_queue_init(&queue, n_tasks, n_threads)
+        with parallel(num_threads=n_threads):
+            home = threadid()
+            task = task_queue_claim(&queue, home)
+            while task >= 0:
+                if bits:
+                    dequantize_packed_task(<const uint8_t*>x, bits, y, p, task)
+                else:
+                    dequantize_task(x, y, p, task)
+                task = task_queue_claim(&queue, home)
+    else:
+        for task in range(n_tasks):
+            if bits:
+                dequantize_packed_task(<const uint8_t*>x, bits, y, p, task)
+            else:
+                dequantize_task(x, y, p, task)
+
+
+cdef DequantizePlan checked_plan(Py_ssize_t size, Py_ssize_t code_size, const double[::1] scale,
+                                 const double[::1] zero_point, const float[::1] scale32,
+                                 const float[::1] zero_point32, Py_ssize_t outer, Py_ssize_t axis_len,
+                                 Py_ssize_t inner, int granularity, Py_ssize_t block_size,
+                                 const float[::1] table, int integer_bits, bint integer_signed,
+                                 int small_float_id, bint signed16, int out_format, bint fast,
+                                 Py_ssize_t out_itemsize, int n_threads) except *:
+    # The plan of a call, its parameter arrays checked against its layout, its tasks sized.
+    cdef DequantizePlan p = make_plan(size, scale, zero_point, scale32, zero_point32, outer,
+                                      axis_len, inner, granularity, block_size, table,
+                                      integer_bits, integer_signed, small_float_id, signed16,
+                                      out_format, fast, out_itemsize)
+    check_parameters(&p.layout, float32_parameters(code_size, out_format),
+                     scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
+    set_task_size(&p.layout, n_threads)
+    return p
+
+
 def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1] zero_point,
                const float[::1] scale32, const float[::1] zero_point32, y_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                int granularity, Py_ssize_t block_size, const float[::1] table, bint signed16,
@@ -347,35 +392,18 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
     zero_point are float64 for the general path (int32 codes, float16/bfloat16 outputs);
     float32 outputs from 8- and 16-bit codes read scale32 and zero_point32 instead (the
     same values: exact there). The arrays a call does not read may hold a single
-    placeholder value. `fast=False` forces the table and the general loops (the tests
+    placeholder value. `fast=False` forces the table and the general loops (tests
     compare the two). The kernel allocates nothing.
     """
     cdef Py_ssize_t size = x.shape[0]
-    cdef Py_ssize_t task, n_tasks
-    cdef TaskQueue queue
-    cdef int home
     cdef DequantizePlan p
     if size == 0:
         return
-    p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
-                  granularity, block_size, table, integer_bits, integer_signed, small_float_id,
-                  signed16, out_format, fast, sizeof(y_storage_t))
-    check_parameters(&p.layout, float32_parameters(sizeof(dq_code_t), out_format),
-                     scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
-    set_task_size(&p.layout, n_threads)
-    n_tasks = layout_tasks(&p.layout)
-    if n_threads > 1 and n_tasks > 1:
-        task_queue_init(&queue, n_tasks, n_threads)
-        with nogil, parallel(num_threads=n_threads):
-            home = threadid()
-            task = task_queue_claim(&queue, home)
-            while task >= 0:
-                dequantize_task(&x[0], &out[0], &p, task)
-                task = task_queue_claim(&queue, home)
-    else:
-        with nogil:
-            for task in range(n_tasks):
-                dequantize_task(&x[0], &out[0], &p, task)
+    p = checked_plan(size, sizeof(dq_code_t), scale, zero_point, scale32, zero_point32, outer,
+                     axis_len, inner, granularity, block_size, table, integer_bits, integer_signed,
+                     small_float_id, signed16, out_format, fast, sizeof(y_storage_t), n_threads)
+    with nogil:
+        run_tasks(&x[0], 0, &out[0], &p, n_threads)
 
 
 def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, const double[::1] scale,
@@ -386,31 +414,16 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
                       bint integer_signed=False, int small_float_id=-1, bint fast=True):
     """As `dequantize`, reading `size` codes of `bits` bits (2, 4 or 6) from the ONNX
     raw_data layout in `packed`."""
-    cdef Py_ssize_t task, n_tasks
-    cdef TaskQueue queue
-    cdef int home
     cdef DequantizePlan p
     if size == 0:
         return
-    p = make_plan(size, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
-                  granularity, block_size, table, integer_bits, integer_signed, small_float_id,
-                  False, out_format, fast, sizeof(y_storage_t))
-    check_parameters(&p.layout, float32_parameters(1, out_format),
-                     scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
-    set_task_size(&p.layout, n_threads)
-    n_tasks = layout_tasks(&p.layout)
-    if n_threads > 1 and n_tasks > 1:
-        task_queue_init(&queue, n_tasks, n_threads)
-        with nogil, parallel(num_threads=n_threads):
-            home = threadid()
-            task = task_queue_claim(&queue, home)
-            while task >= 0:
-                dequantize_packed_task(&packed[0], bits, &out[0], &p, task)
-                task = task_queue_claim(&queue, home)
-    else:
-        with nogil:
-            for task in range(n_tasks):
-                dequantize_packed_task(&packed[0], bits, &out[0], &p, task)
+    if bits not in (2, 4, 6):
+        raise ValueError(f"bits must be 2, 4 or 6, not {bits}")
+    p = checked_plan(size, 1, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
+                     granularity, block_size, table, integer_bits, integer_signed, small_float_id,
+                     False, out_format, fast, sizeof(y_storage_t), n_threads)
+    with nogil:
+        run_tasks(&packed[0], bits, &out[0], &p, n_threads)
 
 
 def decode_table(int small_float_id):

@@ -22,13 +22,19 @@ from _codecs cimport (
     float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_biased, saturate_biased, encode_small_float,
 )
-from _subbyte cimport pack_codes
-from _memory cimport prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD
+from _subbyte cimport pack_codes, packed_bytes
+from _memory cimport (
+    prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD, stream_store, stream_fence, HAVE_STREAM,
+    STREAM_MIN_BYTES,
+)
 
 cdef enum:
     # Codes quantized into a stack buffer (L1-resident) before they are packed: a multiple
     # of 8, so that every piece starts on a whole byte of every packed layout.
     PACK_BUFFER = 4096
+    # Those codes packed (at most 6 bits each: PACK_BUFFER * 6 / 8 bytes), when a large
+    # packed output is streamed out.
+    PACKED_BUFFER = 3072
 
 cdef enum Path:
     PATH_GENERAL = 0
@@ -48,6 +54,7 @@ cdef struct QuantizePlan:
     bint saturate
     SmallFloatFormat small_float
     SmallFloat32Encoder encoder
+    bint stream             # a large output: computed piecewise into L1, streamed out
     Layout layout
     const double* scale
     const double* zero_point
@@ -167,6 +174,11 @@ cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py
     cdef Py_ssize_t n, j, in_block, param, piece, piece_end, k
     cdef float s, zf
     cdef int32_t zi
+    cdef bint integer_codes = p.path == PATH_F32_INTEGER
+    # The parameters of the elements PREFETCH_AHEAD further on (consecutive blocks have
+    # consecutive parameters), a prefetch block's worth of them.
+    cdef Py_ssize_t params_ahead = PREFETCH_AHEAD // block_size
+    cdef Py_ssize_t params_per_block = PREFETCH_BLOCK // block_size + 1
     cursor_at(&p.layout, start, end, &c)
     j = c.j
     in_block = c.in_block
@@ -175,16 +187,25 @@ cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py
     while piece < end:
         piece_end = min(piece + <Py_ssize_t>PREFETCH_BLOCK, end)
         prefetch(x + piece + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(float))
+        prefetch(p.scale32 + param + params_ahead, params_per_block * sizeof(float))
+        if integer_codes:
+            prefetch(p.zero_point_int + param + params_ahead, params_per_block * sizeof(int32_t))
+        else:
+            prefetch(p.zero_point32 + param + params_ahead, params_per_block * sizeof(float))
         pos = piece
         while pos < piece_end:
             n = min(min(block_size - in_block, axis_len - j), piece_end - pos)
             s = p.scale32[param]
-            zf = p.zero_point32[param]
-            zi = p.zero_point_int[param]
-            for k in range(pos - piece, pos - piece + n):
-                scale_buf[k] = s
-                zero_point_buf[k] = zf
-                zero_point_int_buf[k] = zi
+            if integer_codes:
+                zi = p.zero_point_int[param]
+                for k in range(pos - piece, pos - piece + n):
+                    scale_buf[k] = s
+                    zero_point_int_buf[k] = zi
+            else:
+                zf = p.zero_point32[param]
+                for k in range(pos - piece, pos - piece + n):
+                    scale_buf[k] = s
+                    zero_point_buf[k] = zf
             pos += n
             j += n
             in_block += n
@@ -240,6 +261,7 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
     # Quantize a cache-sized piece into a stack buffer, pack it, go on: the one-per-byte
     # codes never reach memory.
     cdef uint8_t buffer[PACK_BUFFER]
+    cdef uint8_t packed_buffer[PACKED_BUFFER]
     cdef Py_ssize_t start = task * p.layout.task_size
     cdef Py_ssize_t end = min(start + p.layout.task_size, p.layout.size)
     cdef Py_ssize_t piece, piece_end
@@ -247,8 +269,14 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
     while piece < end:
         piece_end = min(piece + <Py_ssize_t>PACK_BUFFER, end)
         quantize_range(x, buffer, piece, piece_end, p)
-        pack_codes(buffer, piece_end - piece, packed + piece * bits // 8, bits)
+        if p.stream:
+            pack_codes(buffer, piece_end - piece, packed_buffer, bits)
+            stream_store(packed + piece * bits // 8, packed_buffer, packed_bytes(piece_end - piece, bits))
+        else:
+            pack_codes(buffer, piece_end - piece, packed + piece * bits // 8, bits)
         piece = piece_end
+    if p.stream:
+        stream_fence()
 
 
 cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
@@ -300,6 +328,54 @@ cdef int choose_path(bint x_is_float32, bint fast_divide, int code_kind, bint by
     return PATH_GENERAL
 
 
+cdef inline void run_tasks(const x_storage_t* x, code_storage_t* y, int bits, const QuantizePlan* p,
+                           int n_threads) noexcept nogil:
+    # Every task of the call, on the thread team's task queue (_layout.pxd). bits > 0:
+    # y is the packed output (code_storage_t is uint8_t).
+    cdef Py_ssize_t task
+    cdef Py_ssize_t n_tasks = layout_tasks(&p.layout)
+    cdef TaskQueue queue
+    cdef int home
+    if n_threads > 1 and n_tasks > 1:
+        task_queue_init(&queue, n_tasks, n_threads)
+        with parallel(num_threads=n_threads):
+            home = threadid()
+            task = task_queue_claim(&queue, home)
+            while task >= 0:
+                if bits:
+                    quantize_packed_task(x, <uint8_t*>y, bits, p, task)
+                else:
+                    quantize_task(x, y, p, task)
+                task = task_queue_claim(&queue, home)
+    else:
+        for task in range(n_tasks):
+            if bits:
+                quantize_packed_task(x, <uint8_t*>y, bits, p, task)
+            else:
+                quantize_task(x, y, p, task)
+
+
+cdef QuantizePlan checked_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
+                               const float[::1] scale32, const float[::1] zero_point32,
+                               const int32_t[::1] zero_point_int, Py_ssize_t outer, Py_ssize_t axis_len,
+                               Py_ssize_t inner, int granularity, Py_ssize_t block_size, int x_format,
+                               int precision, bint fast_divide, int code_kind, double lo, double hi,
+                               int mask, int small_float_id, bint saturate, int path,
+                               Py_ssize_t streamed_bytes, int n_threads) except *:
+    # The plan of a call, its parameter arrays checked against its layout, its tasks sized.
+    # streamed_bytes: the size of an output that may be streamed (0: plain stores).
+    cdef QuantizePlan p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int,
+                                    outer, axis_len, inner, granularity, block_size, x_format,
+                                    precision, fast_divide, code_kind, lo, hi, mask,
+                                    small_float_id, saturate, path)
+    p.stream = HAVE_STREAM and streamed_bytes >= STREAM_MIN_BYTES
+    check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
+                     scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
+                     p.path == PATH_F32_INTEGER)
+    set_task_size(&p.layout, n_threads)
+    return p
+
+
 def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
              const float[::1] scale32, const float[::1] zero_point32,
              const int32_t[::1] zero_point_int, code_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
@@ -318,33 +394,16 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
     tests compare the two). The kernel allocates nothing.
     """
     cdef Py_ssize_t size = x.shape[0]
-    cdef Py_ssize_t task, n_tasks
-    cdef TaskQueue queue
-    cdef int home
     cdef QuantizePlan p
     if size == 0:
         return
-    p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len, inner,
-                  granularity, block_size, x_format, precision, fast_divide, code_kind, lo, hi,
-                  mask, small_float_id, saturate,
-                  choose_path(x_storage_t is float, fast_divide, code_kind, code_storage_t is uint8_t, fast))
-    check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
-                     scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
-                     p.path == PATH_F32_INTEGER)
-    set_task_size(&p.layout, n_threads)
-    n_tasks = layout_tasks(&p.layout)
-    if n_threads > 1 and n_tasks > 1:
-        task_queue_init(&queue, n_tasks, n_threads)
-        with nogil, parallel(num_threads=n_threads):
-            home = threadid()
-            task = task_queue_claim(&queue, home)
-            while task >= 0:
-                quantize_task(&x[0], &out[0], &p, task)
-                task = task_queue_claim(&queue, home)
-    else:
-        with nogil:
-            for task in range(n_tasks):
-                quantize_task(&x[0], &out[0], &p, task)
+    p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
+                     inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
+                     lo, hi, mask, small_float_id, saturate,
+                     choose_path(x_storage_t is float, fast_divide, code_kind, code_storage_t is uint8_t, fast),
+                     0, n_threads)
+    with nogil:
+        run_tasks(&x[0], &out[0], 0, &p, n_threads)
 
 
 def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
@@ -356,30 +415,15 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
     """As `quantize`, with the codes of `bits` bits (2, 4 or 6) packed into `out` in the
     ONNX raw_data layout (ceil(n * bits / 8) bytes)."""
     cdef Py_ssize_t size = x.shape[0]
-    cdef Py_ssize_t task, n_tasks
-    cdef TaskQueue queue
-    cdef int home
     cdef QuantizePlan p
     if size == 0:
         return
-    p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len, inner,
-                  granularity, block_size, x_format, precision, fast_divide, code_kind, lo, hi,
-                  mask, small_float_id, saturate,
-                  choose_path(x_storage_t is float, fast_divide, code_kind, True, fast))
-    check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
-                     scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
-                     p.path == PATH_F32_INTEGER)
-    set_task_size(&p.layout, n_threads)
-    n_tasks = layout_tasks(&p.layout)
-    if n_threads > 1 and n_tasks > 1:
-        task_queue_init(&queue, n_tasks, n_threads)
-        with nogil, parallel(num_threads=n_threads):
-            home = threadid()
-            task = task_queue_claim(&queue, home)
-            while task >= 0:
-                quantize_packed_task(&x[0], &out[0], bits, &p, task)
-                task = task_queue_claim(&queue, home)
-    else:
-        with nogil:
-            for task in range(n_tasks):
-                quantize_packed_task(&x[0], &out[0], bits, &p, task)
+    if bits not in (2, 4, 6):
+        raise ValueError(f"bits must be 2, 4 or 6, not {bits}")
+    p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
+                     inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
+                     lo, hi, mask, small_float_id, saturate,
+                     choose_path(x_storage_t is float, fast_divide, code_kind, True, fast),
+                     packed_bytes(size, bits), n_threads)
+    with nogil:
+        run_tasks(&x[0], &out[0], bits, &p, n_threads)

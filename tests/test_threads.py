@@ -331,3 +331,36 @@ def test_streamed_large_outputs(qtype, axis, restore_kernels):
         raw = qemu_q.pack(codes)
         got = qemu_q.dequantize_linear(raw, scale, zp, packed=True, shape=codes.shape, n_threads=2, **kw)
         assert_same_bits(got, expected, "packed, streamed == halves")
+
+
+@pytest.mark.parametrize("qtype", ["int4", "float4e2m1"])
+@pytest.mark.parametrize("block_size", [0, 32])
+def test_streamed_large_packed_outputs(qtype, block_size, restore_kernels):
+    # Packed QuantizeLinear outputs of 8 MiB or more are written with streaming stores
+    # (pyx/_memory.pxd); the halves here are below that size, so they are not. The bits
+    # must be the same either way, for every level, path and thread count, and equal to
+    # packing the one-code-per-element result.
+    rows, cols = 4096, 4100  # 16793600 4-bit codes: 8.0 MiB packed
+    rng = np.random.default_rng(zlib.crc32(f"stream packed {qtype} {block_size}".encode()))
+    x = _quantize_inputs(rng, (rows, cols))
+    axis = 1 if block_size else None
+    pshape = _param_shape((rows, cols), axis, block_size)
+    scale = _scales(rng, pshape)
+    zp = _zero_point(rng, qtype, pshape)
+    kw = {"axis": 1, "block_size": block_size}
+    halves = []
+    for part in (slice(0, rows // 2), slice(rows // 2, rows)):
+        s, z = (scale[part], zp[part]) if block_size else (scale, zp)
+        with np.errstate(all="ignore"):
+            halves.append(qemu_q.quantize_linear(x[part], s, z, packed=True, n_threads=1, **kw))
+    expected = np.concatenate(halves)
+    assert expected.nbytes >= 1 << 23 > halves[0].nbytes
+
+    def run(n):
+        with np.errstate(all="ignore"):
+            return qemu_q.quantize_linear(x, scale, zp, packed=True, n_threads=n, **kw)
+
+    assert_same_bits(_check_all(run, f"{qtype} block_size={block_size}"), expected, "streamed == halves")
+    with np.errstate(all="ignore"):
+        unpacked = qemu_q.quantize_linear(x, scale, zp, n_threads=2, **kw)
+    assert_same_bits(qemu_q.pack(unpacked), expected, "streamed == pack(y)")
