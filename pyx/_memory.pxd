@@ -14,10 +14,10 @@
 # stores those output lines pass through L1 and push the per-element scales out; computed
 # into an L1-resident buffer and streamed out instead, the per-axis float32 output ran 30%
 # faster on the machine of docs/performance.md (per-tensor: unchanged). QuantizeLinear's
-# one-code-per-element outputs are 4 to 16 times smaller than its input: streamed through
-# a buffer they ran 7-15% slower (int8, int16, float8), and they stay plain stores; its
-# packed sub-byte outputs, already built in an L1 buffer, are streamed (int4: 5% faster).
-# Only outputs of STREAM_MIN_BYTES or more are streamed: a smaller
+# outputs are 4 to 16 times smaller than its input: streamed through an L1 buffer they ran
+# 7-15% slower (int8, int16, float8; the streaming stores stall in bursts), packed int4
+# no faster, and they stay plain stores. Only outputs of STREAM_MIN_BYTES or more are
+# streamed: a smaller
 # one is better left in the caches for the caller that reads it next. Only how the bytes
 # reach memory changes, never a value.
 

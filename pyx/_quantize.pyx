@@ -22,19 +22,13 @@ from _codecs cimport (
     float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_biased, saturate_biased, encode_small_float,
 )
-from _subbyte cimport pack_codes, packed_bytes
-from _memory cimport (
-    prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD, stream_store, stream_fence, HAVE_STREAM,
-    STREAM_MIN_BYTES,
-)
+from _subbyte cimport pack_codes
+from _memory cimport prefetch, PREFETCH_BLOCK, PREFETCH_AHEAD
 
 cdef enum:
     # Codes quantized into a stack buffer (L1-resident) before they are packed: a multiple
     # of 8, so that every piece starts on a whole byte of every packed layout.
     PACK_BUFFER = 4096
-    # Those codes packed (at most 6 bits each: PACK_BUFFER * 6 / 8 bytes), when a large
-    # packed output is streamed out.
-    PACKED_BUFFER = 3072
 
 cdef enum Path:
     PATH_GENERAL = 0
@@ -54,7 +48,6 @@ cdef struct QuantizePlan:
     bint saturate
     SmallFloatFormat small_float
     SmallFloat32Encoder encoder
-    bint stream             # a large output: computed piecewise into L1, streamed out
     Layout layout
     const double* scale
     const double* zero_point
@@ -157,6 +150,102 @@ cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t
     run_general(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary, p)
 
 
+cdef inline void run_f32_integer_blocks(const float* x, code_storage_t* y, Py_ssize_t n_blocks,
+                                        Py_ssize_t block_size, const float* scale,
+                                        const int32_t* zero_point, int32_t lo, int32_t hi,
+                                        int32_t mask) noexcept nogil:
+    # run_f32_integer over whole blocks, one scale and zero point each. Called with a
+    # constant block_size: the inner loop then becomes straight vector code on the
+    # broadcast scale, with no per-block loop set-up and no per-element parameters.
+    cdef Py_ssize_t b, k
+    cdef float s
+    cdef int32_t z
+    for b in range(n_blocks):
+        s = scale[b]
+        z = zero_point[b]
+        for k in range(b * block_size, (b + 1) * block_size):
+            y[k] = <code_storage_t>(saturate_biased(round_biased(x[k] / s), z, lo, hi) & mask)
+
+
+cdef inline void run_f32_small_float_blocks(const float* x, uint8_t* y, Py_ssize_t n_blocks,
+                                           Py_ssize_t block_size, const float* scale,
+                                           const float* zero_point,
+                                           const SmallFloat32Encoder* encoder) noexcept nogil:
+    # run_f32_small_float over whole blocks, as run_f32_integer_blocks.
+    cdef SmallFloat32Encoder e = encoder[0]
+    cdef Py_ssize_t b, k
+    cdef float s, z
+    for b in range(n_blocks):
+        s = scale[b]
+        z = zero_point[b]
+        for k in range(b * block_size, (b + 1) * block_size):
+            y[k] = <uint8_t>encode_small_float32(x[k] / s + z, &e)
+
+
+cdef inline void run_whole_blocks(const float* x, code_storage_t* y, Py_ssize_t n_blocks,
+                                  Py_ssize_t block_size, Py_ssize_t param,
+                                  const QuantizePlan* p) noexcept nogil:
+    # The block sizes that get their own constant-size loop (WHOLE_BLOCK_SIZES).
+    if p.path == PATH_F32_INTEGER:
+        if block_size == 16:
+            run_f32_integer_blocks(x, y, n_blocks, 16, p.scale32 + param, p.zero_point_int + param,
+                                   <int32_t>p.lo, <int32_t>p.hi, p.mask)
+        elif block_size == 32:
+            run_f32_integer_blocks(x, y, n_blocks, 32, p.scale32 + param, p.zero_point_int + param,
+                                   <int32_t>p.lo, <int32_t>p.hi, p.mask)
+        elif block_size == 64:
+            run_f32_integer_blocks(x, y, n_blocks, 64, p.scale32 + param, p.zero_point_int + param,
+                                   <int32_t>p.lo, <int32_t>p.hi, p.mask)
+        else:
+            run_f32_integer_blocks(x, y, n_blocks, 128, p.scale32 + param, p.zero_point_int + param,
+                                   <int32_t>p.lo, <int32_t>p.hi, p.mask)
+    elif code_storage_t is uint8_t:
+        if block_size == 16:
+            run_f32_small_float_blocks(x, y, n_blocks, 16, p.scale32 + param, p.zero_point32 + param,
+                                       &p.encoder)
+        elif block_size == 32:
+            run_f32_small_float_blocks(x, y, n_blocks, 32, p.scale32 + param, p.zero_point32 + param,
+                                       &p.encoder)
+        elif block_size == 64:
+            run_f32_small_float_blocks(x, y, n_blocks, 64, p.scale32 + param, p.zero_point32 + param,
+                                       &p.encoder)
+        else:
+            run_f32_small_float_blocks(x, y, n_blocks, 128, p.scale32 + param, p.zero_point32 + param,
+                                       &p.encoder)
+
+
+cdef inline bint whole_blocks(const Layout* L) noexcept nogil:
+    # Blocks along the last axis that tile every row and every PREFETCH_BLOCK piece: each
+    # piece (which starts at a multiple of PREFETCH_BLOCK) holds whole blocks, and the
+    # block of element i is i // block_size, across rows too.
+    return (L.inner == 1 and L.axis_len % L.block_size == 0
+            and (L.block_size == 16 or L.block_size == 32 or L.block_size == 64
+                 or L.block_size == 128))
+
+
+cdef inline void quantize_whole_blocks(const float* x, code_storage_t* y, Py_ssize_t start,
+                                       Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
+    # Blocked along the last axis, whole_blocks(), on a float32 path.
+    cdef Py_ssize_t block_size = p.layout.block_size
+    cdef Py_ssize_t piece = start
+    cdef Py_ssize_t piece_end
+    cdef Py_ssize_t params_ahead = PREFETCH_AHEAD // block_size
+    cdef Py_ssize_t params_per_block = PREFETCH_BLOCK // block_size
+    cdef Py_ssize_t param
+    while piece < end:
+        piece_end = min(piece + <Py_ssize_t>PREFETCH_BLOCK, end)
+        param = piece // block_size
+        prefetch(x + piece + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(float))
+        prefetch(p.scale32 + param + params_ahead, params_per_block * sizeof(float))
+        if p.path == PATH_F32_INTEGER:
+            prefetch(p.zero_point_int + param + params_ahead, params_per_block * sizeof(int32_t))
+        else:
+            prefetch(p.zero_point32 + param + params_ahead, params_per_block * sizeof(float))
+        run_whole_blocks(x + piece, y + (piece - start), (piece_end - piece) // block_size,
+                         block_size, param, p)
+        piece = piece_end
+
+
 cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py_ssize_t start,
                                            Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
     # Blocked along the last axis, on a float32 path, with blocks shorter than a prefetch
@@ -237,7 +326,10 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
     if x_storage_t is float:
         if (p.path != PATH_GENERAL and p.layout.granularity == BLOCKED and p.layout.inner == 1
                 and p.layout.block_size < PREFETCH_BLOCK):
-            quantize_last_axis_blocks(x, y, start, end, p)
+            if whole_blocks(&p.layout):
+                quantize_whole_blocks(x, y, start, end, p)
+            else:
+                quantize_last_axis_blocks(x, y, start, end, p)
             return
     cursor_at(&p.layout, start, start, &c)
     while block < end:
@@ -261,7 +353,6 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
     # Quantize a cache-sized piece into a stack buffer, pack it, go on: the one-per-byte
     # codes never reach memory.
     cdef uint8_t buffer[PACK_BUFFER]
-    cdef uint8_t packed_buffer[PACKED_BUFFER]
     cdef Py_ssize_t start = task * p.layout.task_size
     cdef Py_ssize_t end = min(start + p.layout.task_size, p.layout.size)
     cdef Py_ssize_t piece, piece_end
@@ -269,14 +360,8 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
     while piece < end:
         piece_end = min(piece + <Py_ssize_t>PACK_BUFFER, end)
         quantize_range(x, buffer, piece, piece_end, p)
-        if p.stream:
-            pack_codes(buffer, piece_end - piece, packed_buffer, bits)
-            stream_store(packed + piece * bits // 8, packed_buffer, packed_bytes(piece_end - piece, bits))
-        else:
-            pack_codes(buffer, piece_end - piece, packed + piece * bits // 8, bits)
+        pack_codes(buffer, piece_end - piece, packed + piece * bits // 8, bits)
         piece = piece_end
-    if p.stream:
-        stream_fence()
 
 
 cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
@@ -361,14 +446,12 @@ cdef QuantizePlan checked_plan(Py_ssize_t size, const double[::1] scale, const d
                                Py_ssize_t inner, int granularity, Py_ssize_t block_size, int x_format,
                                int precision, bint fast_divide, int code_kind, double lo, double hi,
                                int mask, int small_float_id, bint saturate, int path,
-                               Py_ssize_t streamed_bytes, int n_threads) except *:
+                               int n_threads) except *:
     # The plan of a call, its parameter arrays checked against its layout, its tasks sized.
-    # streamed_bytes: the size of an output that may be streamed (0: plain stores).
     cdef QuantizePlan p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int,
                                     outer, axis_len, inner, granularity, block_size, x_format,
                                     precision, fast_divide, code_kind, lo, hi, mask,
                                     small_float_id, saturate, path)
-    p.stream = HAVE_STREAM and streamed_bytes >= STREAM_MIN_BYTES
     check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
                      scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
                      p.path == PATH_F32_INTEGER)
@@ -401,7 +484,7 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
                      inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
                      lo, hi, mask, small_float_id, saturate,
                      choose_path(x_storage_t is float, fast_divide, code_kind, code_storage_t is uint8_t, fast),
-                     0, n_threads)
+                     n_threads)
     with nogil:
         run_tasks(&x[0], &out[0], 0, &p, n_threads)
 
@@ -423,7 +506,6 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
     p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
                      inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
                      lo, hi, mask, small_float_id, saturate,
-                     choose_path(x_storage_t is float, fast_divide, code_kind, True, fast),
-                     packed_bytes(size, bits), n_threads)
+                     choose_path(x_storage_t is float, fast_divide, code_kind, True, fast), n_threads)
     with nogil:
         run_tasks(&x[0], &out[0], bits, &p, n_threads)

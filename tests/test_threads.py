@@ -333,34 +333,31 @@ def test_streamed_large_outputs(qtype, axis, restore_kernels):
         assert_same_bits(got, expected, "packed, streamed == halves")
 
 
-@pytest.mark.parametrize("qtype", ["int4", "float4e2m1"])
-@pytest.mark.parametrize("block_size", [0, 32])
-def test_streamed_large_packed_outputs(qtype, block_size, restore_kernels):
-    # Packed QuantizeLinear outputs of 8 MiB or more are written with streaming stores
-    # (pyx/_memory.pxd); the halves here are below that size, so they are not. The bits
-    # must be the same either way, for every level, path and thread count, and equal to
-    # packing the one-code-per-element result.
-    rows, cols = 4096, 4100  # 16793600 4-bit codes: 8.0 MiB packed
-    rng = np.random.default_rng(zlib.crc32(f"stream packed {qtype} {block_size}".encode()))
-    x = _quantize_inputs(rng, (rows, cols))
-    axis = 1 if block_size else None
-    pshape = _param_shape((rows, cols), axis, block_size)
-    scale = _scales(rng, pshape)
-    zp = _zero_point(rng, qtype, pshape)
-    kw = {"axis": 1, "block_size": block_size}
-    halves = []
-    for part in (slice(0, rows // 2), slice(rows // 2, rows)):
-        s, z = (scale[part], zp[part]) if block_size else (scale, zp)
-        with np.errstate(all="ignore"):
-            halves.append(qemu_q.quantize_linear(x[part], s, z, packed=True, n_threads=1, **kw))
-    expected = np.concatenate(halves)
-    assert expected.nbytes >= 1 << 23 > halves[0].nbytes
 
-    def run(n):
-        with np.errstate(all="ignore"):
-            return qemu_q.quantize_linear(x, scale, zp, packed=True, n_threads=n, **kw)
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("qtype", ["int4", "uint8", "int16", "float4e2m1", "float8e4m3fn"])
+def test_quantize_whole_blocks(qtype, block_size, restore_kernels):
+    # Blocks of 16 to 128 along a last axis they tile take their own constant-size loops
+    # (pyx/_quantize.pyx: whole_blocks); the rows here span several tasks and pieces, and
+    # one row is shorter than a piece.
+    for shape in [(37, 4096 + 5 * block_size), (300, 3 * block_size)]:
+        rng = np.random.default_rng(zlib.crc32(f"whole {qtype} {block_size} {shape}".encode()))
+        x = _quantize_inputs(rng, shape)
+        pshape = _param_shape(shape, 1, block_size)
+        scale = _scales(rng, pshape)
+        zp = _zero_point(rng, qtype, pshape)
+        kw = {"axis": 1, "block_size": block_size}
+        for saturate in ([0, 1] if qtype in FLOAT_TYPES else [1]):
+            def run(n, saturate=saturate):
+                with np.errstate(all="ignore"):
+                    return qemu_q.quantize_linear(x, scale, zp, saturate=saturate, n_threads=n, **kw)
 
-    assert_same_bits(_check_all(run, f"{qtype} block_size={block_size}"), expected, "streamed == halves")
-    with np.errstate(all="ignore"):
-        unpacked = qemu_q.quantize_linear(x, scale, zp, n_threads=2, **kw)
-    assert_same_bits(qemu_q.pack(unpacked), expected, "streamed == pack(y)")
+            expected = _check_all(run, f"{qtype} {shape} block {block_size} saturate={saturate}")
+
+            def run_packed(n, saturate=saturate):
+                with np.errstate(all="ignore"):
+                    return qemu_q.quantize_linear(x, scale, zp, saturate=saturate, packed=True,
+                                                  n_threads=n, **kw)
+
+            packed = _check_all(run_packed, f"{qtype} {shape} block {block_size} packed")
+            assert_same_bits(packed, qemu_q.pack(expected), f"{qtype} block {block_size} packed == pack(y)")
