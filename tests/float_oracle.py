@@ -50,6 +50,9 @@ __all__ = [
     "positive_values",
     "midpoints",
     "nan_code",
+    "BINARY_FORMATS",
+    "round_half_even",
+    "round_to_binary",
 ]
 
 
@@ -386,3 +389,38 @@ def encode_array(fmt, x, saturate) -> np.ndarray:
     out = np.where(overflow | ~finite, np.where(negative, ovf_neg, ovf_pos), out)
     out = np.where(np.isnan(x), nan_code(fmt), out)
     return out.astype(np.uint8)
+
+
+# --- rounding of exact rationals into the wide binary formats ---------------------------
+# (mantissa bits, smallest normal exponent, largest finite value) of the formats that
+# serve as division precisions and DequantizeLinear outputs.
+BINARY_FORMATS = {
+    "float": (23, -126, Fraction(2**24 - 1, 2**23) * 2**127),
+    "float16": (10, -14, Fraction(65504)),
+    "bfloat16": (7, -126, Fraction(2**8 - 1, 2**7) * 2**127),
+}
+
+
+def round_half_even(q: Fraction) -> int:
+    """The integer nearest to q, ties to even."""
+    floor = q.numerator // q.denominator
+    rest = q - floor
+    return floor + (1 if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and floor % 2) else 0)
+
+
+def round_to_binary(value: Fraction, name: str):
+    """Nearest-even rounding of an exact rational into float / float16 / bfloat16, with
+    subnormals: a Fraction, or +-inf (a float) on overflow."""
+    mantissa_bits, min_exponent, largest = BINARY_FORMATS[name]
+    if value == 0:
+        return Fraction(0)
+    sign = -1 if value < 0 else 1
+    a = abs(value)
+    exponent = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** exponent > a:
+        exponent -= 1
+    ulp = Fraction(2) ** (max(exponent, min_exponent) - mantissa_bits)
+    n = round_half_even(a / ulp)
+    if n * ulp > largest:
+        return sign * math.inf
+    return sign * n * ulp

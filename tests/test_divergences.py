@@ -208,43 +208,18 @@ def eq(got, want):
 
 # ------------------------------------------------------------ our rules, computed here
 
-# mantissa bits, smallest normal exponent, largest finite, bits dtype
-FLOATS = {
-    "float": (23, -126, Fraction(2**24 - 1, 2**23) * 2**127, np.float32),
-    "float16": (10, -14, Fraction(65504), np.float16),
-    "bfloat16": (7, -126, Fraction(2**8 - 1, 2**7) * 2**127, bf16),
-}
-
-
-def round_to(value: Fraction, name: str):
-    """Nearest-even rounding of an exact rational into a binary format; +-inf on overflow."""
-    mantissa_bits, min_exponent, largest, _ = FLOATS[name]
-    if value == 0:
-        return Fraction(0)
-    sign = -1 if value < 0 else 1
-    a = abs(value)
-    exponent = a.numerator.bit_length() - a.denominator.bit_length()
-    if Fraction(2) ** exponent > a:
-        exponent -= 1
-    ulp = Fraction(2) ** (max(exponent, min_exponent) - mantissa_bits)
-    n = round_half_even(a / ulp)
-    if n * ulp > largest:
-        return sign * math.inf
-    return sign * n * ulp
+# the bits dtype of each binary format
+FLOATS = {"float": np.float32, "float16": np.float16, "bfloat16": bf16}
+round_to = fo.round_to_binary
+round_half_even = fo.round_half_even
 
 
 def float_bits(value, name: str) -> int:
     """Bit pattern of a value representable in the format (a Fraction, +-inf or a signed 0.0)."""
-    dtype = FLOATS[name][3]
+    dtype = FLOATS[name]
     f = float(value)
     assert isinstance(value, float) or Fraction(f) == value
     return int(codes(np.array([f]).astype(dtype))[0])
-
-
-def round_half_even(q: Fraction) -> int:
-    floor = q.numerator // q.denominator
-    rest = q - floor
-    return floor + (1 if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and floor % 2) else 0)
 
 
 def rule_int(q, zero_point: int, lo: int, hi: int) -> int:

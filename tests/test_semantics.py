@@ -2,47 +2,21 @@
 rounded once to the precision P, then rounded to an integer. Expected values are computed
 here with exact rational arithmetic."""
 
+import pathlib
+import sys
 from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-import qemu_q
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import float_oracle as fo  # noqa: E402
 
-# (mantissa bits, smallest normal exponent, largest finite) of each division precision.
-PRECISIONS = {
-    "float": (23, -126, Fraction(2**24 - 1, 2**23) * 2**127),
-    "float16": (10, -14, Fraction(65504)),
-    "bfloat16": (7, -126, Fraction(2**8 - 1, 2**7) * 2**127),
-}
+import qemu_q  # noqa: E402
 
-
-def round_to_precision(value: Fraction, precision: str):
-    """Round an exact rational to nearest-even in the given binary format; inf on overflow."""
-    mantissa_bits, min_exponent, largest = PRECISIONS[precision]
-    if value == 0:
-        return Fraction(0)
-    sign = -1 if value < 0 else 1
-    a = abs(value)
-    exponent = a.numerator.bit_length() - a.denominator.bit_length()
-    if Fraction(2) ** exponent > a:
-        exponent -= 1
-    ulp = Fraction(2) ** (max(exponent, min_exponent) - mantissa_bits)
-    units = a / ulp
-    floor = units.numerator // units.denominator
-    rest = units - floor
-    n = floor + (1 if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and floor % 2) else 0)
-    r = n * ulp
-    if r > largest:
-        return float("inf") * sign
-    return sign * r
-
-
-def round_half_even(value) -> int:
-    floor = value.numerator // value.denominator
-    rest = value - floor
-    return floor + (1 if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and floor % 2) else 0)
+round_to_precision = fo.round_to_binary
+round_half_even = fo.round_half_even
 
 
 def expected_int16(x: np.ndarray, scale, precision: str) -> np.ndarray:
