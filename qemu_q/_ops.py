@@ -22,7 +22,7 @@ from ._dtypes import (
     ElementType, array_element_type, element_type,
 )
 from ._opspec import OpSpec, first_version_allowing, first_version_with_attribute, get_spec
-from ._pack import packed_size
+from ._pack import normalize_shape, packed_size, raw_bytes
 from ._threads import resolve_threads
 
 _FLOAT32 = ELEMENT_TYPES["float"]
@@ -250,6 +250,18 @@ def _kernel_parameters(scale, zero_point, n: int, absent: float, float32: bool, 
     return _NO_FLOAT64, _NO_FLOAT64, scale32, zp32, zpi
 
 
+def _check_out(out, inputs) -> np.ndarray:
+    # What every out= must be, whatever its type and shape.
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    for name, array in inputs:
+        if np.may_share_memory(out, array):
+            raise ValueError(f"out overlaps {name}; the kernels do not work in place")
+    return out
+
+
 def _prepare_output(out, shape, etype: ElementType, inputs) -> np.ndarray:
     if out is None:
         return np.empty(shape, dtype=etype.dtype)
@@ -259,14 +271,7 @@ def _prepare_output(out, shape, etype: ElementType, inputs) -> np.ndarray:
         raise TypeError(f"out has dtype {out.dtype}; this call produces {etype.dtype} ({etype.name})")
     if out.shape != tuple(shape):
         raise ValueError(f"out has shape {out.shape}; this call produces shape {tuple(shape)}")
-    if not out.flags.c_contiguous:
-        raise ValueError("out must be C-contiguous")
-    if not out.flags.writeable:
-        raise ValueError("out is read-only")
-    for name, array in inputs:
-        if np.may_share_memory(out, array):
-            raise ValueError(f"out overlaps {name}; the kernels do not work in place")
-    return out
+    return _check_out(out, inputs)
 
 
 def _prepare_packed_output(out, size: int, etype: ElementType, inputs) -> np.ndarray:
@@ -279,25 +284,14 @@ def _prepare_packed_output(out, size: int, etype: ElementType, inputs) -> np.nda
             f"with packed=True, out must be a uint8 array of shape ({size},) (the raw_data "
             f"of {etype.name}); got dtype {out.dtype} and shape {out.shape}"
         )
-    if not out.flags.c_contiguous:
-        raise ValueError("out must be C-contiguous")
-    if not out.flags.writeable:
-        raise ValueError("out is read-only")
-    for name, array in inputs:
-        if np.may_share_memory(out, array):
-            raise ValueError(f"out overlaps {name}; the kernels do not work in place")
-    return out
+    return _check_out(out, inputs)
 
 
 def _packed_input(x, dtype, shape, zero_point, label: str):
     """The element type, shape and bytes of a packed (ONNX raw_data) DequantizeLinear input."""
     if shape is None:
         raise TypeError(f"{label}: packed=True needs shape= (the shape of x; the bytes do not carry it)")
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    shape = tuple(operator.index(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"{label}: shape {shape} has a negative dimension")
+    shape = normalize_shape(shape, f"{label}: shape")
     zp_type = None if zero_point is None else array_element_type(zero_point, "x_zero_point")
     if dtype is None and zp_type is None:
         raise TypeError(
@@ -307,20 +301,7 @@ def _packed_input(x, dtype, shape, zero_point, label: str):
     x_type = element_type(dtype, "dtype") if dtype is not None else zp_type
     if zp_type is not None and zp_type is not x_type:
         raise TypeError(f"{label}: dtype {x_type.name} conflicts with x_zero_point of type {zp_type.name}")
-    if isinstance(x, (bytes, bytearray, memoryview)):
-        data = np.frombuffer(x, dtype=np.uint8)
-    elif isinstance(x, np.ndarray):
-        if x.dtype != np.uint8:
-            raise TypeError(f"{label}: with packed=True, x must hold uint8 bytes, got dtype {x.dtype}")
-        data = np.ascontiguousarray(x).reshape(-1)
-    else:
-        raise TypeError(f"{label}: with packed=True, x must be bytes or a uint8 numpy array, got {type(x).__name__}")
-    count = math.prod(shape)
-    expected = packed_size(x_type, count)
-    if data.size != expected:
-        raise ValueError(
-            f"{label}: x has {data.size} bytes; {count} elements of {x_type.name} take {expected}"
-        )
+    data = raw_bytes(x, x_type, math.prod(shape), f"{label}: with packed=True, x")
     return x_type, shape, data
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -14,6 +15,33 @@ from ._threads import resolve_threads
 def packed_size(etype, count: int) -> int:
     """Bytes of ONNX raw_data for `count` elements of `etype`."""
     return (count * etype.bits + 7) // 8
+
+
+def normalize_shape(shape, argument: str = "shape") -> tuple[int, ...]:
+    """A shape given as an int or a sequence of ints, as a tuple; no negative dimension."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(operator.index(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{argument} {shape} has a negative dimension")
+    return shape
+
+
+def raw_bytes(buffer, etype, count: int, argument: str) -> np.ndarray:
+    """`buffer` (bytes or a uint8 array) as 1-D uint8, checked to be the raw_data of `count`
+    elements of `etype`; `argument` names it in the errors."""
+    if isinstance(buffer, (bytes, bytearray, memoryview)):
+        data = np.frombuffer(buffer, dtype=np.uint8)
+    elif isinstance(buffer, np.ndarray):
+        if buffer.dtype != np.uint8:
+            raise TypeError(f"{argument} must hold uint8 bytes, got dtype {buffer.dtype}")
+        data = np.ascontiguousarray(buffer).reshape(-1)
+    else:
+        raise TypeError(f"{argument} must be bytes or a uint8 numpy array, got {type(buffer).__name__}")
+    expected = packed_size(etype, count)
+    if data.size != expected:
+        raise ValueError(f"{argument} has {data.size} bytes; {count} elements of {etype.name} take {expected}")
+    return data
 
 
 def pack(array, *, out=None, n_threads=None) -> np.ndarray:
@@ -35,7 +63,7 @@ def pack(array, *, out=None, n_threads=None) -> np.ndarray:
     if not etype.packed:
         data = flat.astype(flat.dtype.newbyteorder("<"), copy=False).view(np.uint8)
         if out is None:
-            return data if out is None else out
+            return data
         out[...] = data
         return out
     result = np.empty(size, dtype=np.uint8) if out is None else out
@@ -46,25 +74,9 @@ def pack(array, *, out=None, n_threads=None) -> np.ndarray:
 def unpack(buffer, dtype, shape, *, n_threads=None) -> np.ndarray:
     """The array of `dtype` and `shape` whose ONNX raw_data bytes are `buffer`."""
     etype = element_type(dtype, "dtype")
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"shape {shape} has a negative dimension")
+    shape = normalize_shape(shape)
     count = math.prod(shape)
-    if isinstance(buffer, (bytes, bytearray, memoryview)):
-        data = np.frombuffer(buffer, dtype=np.uint8)
-    elif isinstance(buffer, np.ndarray):
-        if buffer.dtype != np.uint8:
-            raise TypeError(f"buffer must hold uint8 bytes, got dtype {buffer.dtype}")
-        data = np.ascontiguousarray(buffer).reshape(-1)
-    else:
-        raise TypeError(f"buffer must be bytes or a uint8 numpy array, got {type(buffer).__name__}")
-    expected = packed_size(etype, count)
-    if data.size != expected:
-        raise ValueError(
-            f"buffer has {data.size} bytes; {count} elements of {etype.name} take {expected}"
-        )
+    data = raw_bytes(buffer, etype, count, "buffer")
     if not etype.packed:
         return data.view(etype.dtype.newbyteorder("<")).astype(etype.dtype, copy=True).reshape(shape)
     codes = np.empty(count, dtype=np.uint8)
