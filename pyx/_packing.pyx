@@ -12,43 +12,41 @@ cdef enum:
     PACK_CHUNK = 65536
 
 
-cdef inline void pack_task(const uint8_t* codes, Py_ssize_t n, uint8_t* out, int bits, Py_ssize_t task) noexcept nogil:
+cdef inline void code_task(const uint8_t* source, uint8_t* dest, Py_ssize_t n, int bits,
+                           bint packing, Py_ssize_t task) noexcept nogil:
+    # Codes [task * PACK_CHUNK, ...) packed from one per byte in source into dest, or
+    # unpacked from source into one per byte in dest.
     cdef Py_ssize_t start = task * PACK_CHUNK
-    pack_codes(codes + start, min(<Py_ssize_t>PACK_CHUNK, n - start), out + start * bits // 8, bits)
+    cdef Py_ssize_t count = min(<Py_ssize_t>PACK_CHUNK, n - start)
+    if packing:
+        pack_codes(source + start, count, dest + start * bits // 8, bits)
+    else:
+        unpack_codes(source + start * bits // 8, count, dest + start, bits)
 
 
-cdef inline void unpack_task(const uint8_t* packed, Py_ssize_t n, uint8_t* codes, int bits, Py_ssize_t task) noexcept nogil:
-    cdef Py_ssize_t start = task * PACK_CHUNK
-    unpack_codes(packed + start * bits // 8, min(<Py_ssize_t>PACK_CHUNK, n - start), codes + start, bits)
+cdef void run_tasks(const uint8_t* source, uint8_t* dest, Py_ssize_t n, int bits, bint packing,
+                    int n_threads) noexcept nogil:
+    cdef Py_ssize_t n_tasks = (n + PACK_CHUNK - 1) // PACK_CHUNK
+    cdef Py_ssize_t task
+    if n_threads > 1 and n_tasks > 1:
+        for task in prange(n_tasks, schedule='dynamic', num_threads=n_threads):
+            code_task(source, dest, n, bits, packing, task)
+    else:
+        for task in range(n_tasks):
+            code_task(source, dest, n, bits, packing, task)
 
 
 def pack(const uint8_t[::1] codes, uint8_t[::1] out, int bits, int n_threads):
     """Pack one-code-per-byte `codes` (low `bits` bits used) into `out` (ceil(n*bits/8) bytes)."""
-    cdef Py_ssize_t n = codes.shape[0]
-    cdef Py_ssize_t n_tasks = (n + PACK_CHUNK - 1) // PACK_CHUNK
-    cdef Py_ssize_t task
-    if n == 0:
+    if codes.shape[0] == 0:
         return
-    if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
-            pack_task(&codes[0], n, &out[0], bits, task)
-    else:
-        with nogil:
-            for task in range(n_tasks):
-                pack_task(&codes[0], n, &out[0], bits, task)
+    with nogil:
+        run_tasks(&codes[0], &out[0], codes.shape[0], bits, True, n_threads)
 
 
 def unpack(const uint8_t[::1] packed, uint8_t[::1] out, int bits, int n_threads):
     """Unpack `out.shape[0]` codes of `bits` bits from the ONNX layout in `packed`."""
-    cdef Py_ssize_t n = out.shape[0]
-    cdef Py_ssize_t n_tasks = (n + PACK_CHUNK - 1) // PACK_CHUNK
-    cdef Py_ssize_t task
-    if n == 0:
+    if out.shape[0] == 0:
         return
-    if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, nogil=True, schedule='dynamic', num_threads=n_threads):
-            unpack_task(&packed[0], n, &out[0], bits, task)
-    else:
-        with nogil:
-            for task in range(n_tasks):
-                unpack_task(&packed[0], n, &out[0], bits, task)
+    with nogil:
+        run_tasks(&packed[0], &out[0], out.shape[0], bits, False, n_threads)
