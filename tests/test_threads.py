@@ -361,3 +361,35 @@ def test_quantize_whole_blocks(qtype, block_size, restore_kernels):
 
             packed = _check_all(run_packed, f"{qtype} {shape} block {block_size} packed")
             assert_same_bits(packed, qemu_q.pack(expected), f"{qtype} block {block_size} packed == pack(y)")
+
+
+@pytest.mark.parametrize("qtype", ["int8", "uint8", "int16", "uint16", "int4"])
+@pytest.mark.parametrize("axis", [None, 0])
+def test_streamed_large_quantize_outputs(qtype, axis, restore_kernels):
+    # QuantizeLinear outputs of 8 MiB or more with integer codes and one scale per run are
+    # written with streaming stores at the AVX-512 level (pyx/_quantize.pyx:
+    # stream_integer_codes), plain stores around them; the halves here are below that
+    # size, so they are not. The bits must be the same either way, for every level, path
+    # and thread count. Rows of 2100 + 37 codes put the 64-byte lines at every offset.
+    dtype = np.dtype(ALL_TYPES[qtype])
+    rows = -(-(1 << 23) // (2137 * dtype.itemsize)) + 1
+    shape = (rows + rows % 2, 2137)
+    rng = np.random.default_rng(zlib.crc32(f"stream q {qtype} {axis}".encode()))
+    x = _quantize_inputs(rng, shape)
+    pshape = _param_shape(shape, axis, 0)
+    scale = _scales(rng, pshape)
+    zp = _zero_point(rng, qtype, pshape)
+    kw = {"axis": axis if axis is not None else 1}
+    halves = []
+    for part in (slice(0, shape[0] // 2), slice(shape[0] // 2, shape[0])):
+        s, z = (scale[part], zp[part]) if axis == 0 else (scale, zp)
+        with np.errstate(all="ignore"):
+            halves.append(qemu_q.quantize_linear(x[part], s, z, n_threads=1, **kw))
+    expected = np.concatenate(halves)
+    assert expected.nbytes >= 1 << 23 > halves[0].nbytes
+
+    def run(n):
+        with np.errstate(all="ignore"):
+            return qemu_q.quantize_linear(x, scale, zp, n_threads=n, **kw)
+
+    assert_same_bits(_check_all(run, f"{qtype} axis={axis}"), expected, "streamed == halves")
