@@ -10,7 +10,7 @@ import numpy as np
 
 from cython.parallel cimport parallel, threadid
 from libc.math cimport fabs, fma
-from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uintptr_t
 
 from _codecs cimport (
     y_storage_t, SmallFloatFormat, small_float_format, decode_small_float,
@@ -41,6 +41,52 @@ ctypedef fused dq_code_t:
     int32_t
 
 
+# Integer codes of 8 bits or fewer into float32, written with streaming stores straight
+# from the registers (AVX-512 builds only): the arithmetic of run_integer_bytes_f32,
+# operation for operation (the code's bits moved to the top of an int32 and back, the
+# conversion, x - zero_point, the product). 10% faster than computing into an L1 buffer
+# and streaming that (4096x4096 int8 -> float32 at 2 threads), which the other outputs
+# of 8 MiB or more still do.
+cdef extern from *:
+    """
+    #if defined(__AVX512F__) && defined(__AVX512BW__)
+    #include <immintrin.h>
+    #define QEMU_Q_HAVE_STREAM_VALUES 1
+    /* n values (a multiple of 16) into y, 64-byte aligned; the parameters per element
+       (params_vary) or one for all. */
+    static inline void qemu_q_stream_integer_values(const uint8_t *x, float *y, Py_ssize_t n,
+                                                    const float *scale, const float *zero_point,
+                                                    int params_vary, int shift, int is_signed) {
+        __m512 s = _mm512_set1_ps(scale[0]), z = _mm512_set1_ps(zero_point[0]);
+        __m128i count = _mm_cvtsi32_si128(shift);
+        Py_ssize_t i;
+        for (i = 0; i < n; i += 16) {
+            __m512i top = _mm512_sll_epi32(
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x + i))), count);
+            __m512i code = is_signed ? _mm512_sra_epi32(top, count) : _mm512_srl_epi32(top, count);
+            if (params_vary) {
+                s = _mm512_loadu_ps(scale + i);
+                z = _mm512_loadu_ps(zero_point + i);
+            }
+            _mm512_stream_ps(y + i, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(code), z), s));
+        }
+    }
+    #else
+    #define QEMU_Q_HAVE_STREAM_VALUES 0
+    static inline void qemu_q_stream_integer_values(const uint8_t *x, float *y, Py_ssize_t n,
+                                                    const float *scale, const float *zero_point,
+                                                    int params_vary, int shift, int is_signed) {
+        (void)x; (void)y; (void)n; (void)scale; (void)zero_point; (void)params_vary;
+        (void)shift; (void)is_signed;
+    }
+    #endif
+    """
+    void stream_integer_values "qemu_q_stream_integer_values" (
+        const uint8_t* x, float* y, Py_ssize_t n, const float* scale, const float* zero_point,
+        int params_vary, int shift, int is_signed) noexcept nogil
+    enum: HAVE_STREAM_VALUES "QEMU_Q_HAVE_STREAM_VALUES"
+
+
 cdef struct DequantizePlan:
     const float* table      # value of each 8-bit code
     bint integer_bytes      # 8-bit storage of an integer type: decode arithmetically
@@ -51,7 +97,8 @@ cdef struct DequantizePlan:
     bint signed16           # uint16_t storage holds int16
     int out_format
     bint fast               # False forces the table and the general loops (tests)
-    bint stream             # a large output: computed piecewise into L1, streamed out
+    bint stream             # a large output: computed piecewise into L1, streamed out ...
+    bint stream_direct      # ... or, integer bytes into float32, streamed from the registers
     Layout layout
     const double* scale
     const double* zero_point
@@ -93,6 +140,21 @@ cdef inline void store(y_storage_t* y, Py_ssize_t i, float v, int out_format) no
         y[i] = v
     else:
         y[i] = pack_value_format(v, out_format)
+
+
+cdef inline void run_integer_bytes_f32_streamed(const uint8_t* x, float* y, Py_ssize_t n,
+                                                const float* scale, const float* zero_point,
+                                                bint params_vary, int shift, bint signed) noexcept nogil:
+    # As run_integer_bytes_f32, the whole 64-byte lines of y written by stream_integer_values.
+    cdef Py_ssize_t head = min(n, <Py_ssize_t>((-<uintptr_t>y) & 63) // <Py_ssize_t>sizeof(float))
+    cdef Py_ssize_t lines = (n - head) // 16 * 16
+    cdef Py_ssize_t k = head if params_vary else 0
+    cdef Py_ssize_t t = head + lines if params_vary else 0
+    run_integer_bytes_f32(x, y, head, scale, zero_point, params_vary, shift, signed)
+    stream_integer_values(x + head, y + head, lines, scale + k, zero_point + k, params_vary,
+                          shift, signed)
+    run_integer_bytes_f32(x + head + lines, y + head + lines, n - head - lines, scale + t,
+                          zero_point + t, params_vary, shift, signed)
 
 
 cdef inline void run_integer_bytes_f32(const uint8_t* x, float* y, Py_ssize_t n, const float* scale,
@@ -165,8 +227,12 @@ cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, P
     if y_storage_t is float:
         if dq_code_t is uint8_t:
             if p.integer_bytes and p.fast:
-                run_integer_bytes_f32(x, y, n, scale32, zero_point32, params_vary, p.code_shift,
-                                      p.code_signed)
+                if p.stream_direct:
+                    run_integer_bytes_f32_streamed(x, y, n, scale32, zero_point32, params_vary,
+                                                   p.code_shift, p.code_signed)
+                else:
+                    run_integer_bytes_f32(x, y, n, scale32, zero_point32, params_vary, p.code_shift,
+                                          p.code_signed)
                 return
             if p.small_float_bytes and p.fast:
                 run_small_float_bytes_f32(x, y, n, scale32, zero_point32, params_vary, &p.decoder)
@@ -249,7 +315,8 @@ cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t
 cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
                                      Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # As dequantize_range, into y[start : end] through an L1-resident buffer streamed out
-    # piece by piece (_memory.pxd).
+    # piece by piece (_memory.pxd). Not with p.stream_direct, which would stream into the
+    # buffer.
     cdef y_storage_t buffer[STREAM_PIECE]
     cdef Py_ssize_t piece = start
     cdef Py_ssize_t piece_end
@@ -264,7 +331,10 @@ cdef inline void dequantize_task(const dq_code_t* x, y_storage_t* y, const Dequa
                                  Py_ssize_t task) noexcept nogil:
     cdef Py_ssize_t start = task * p.layout.task_size
     cdef Py_ssize_t end = min(start + p.layout.task_size, p.layout.size)
-    if p.stream:
+    if p.stream_direct:
+        dequantize_range(x + start, y + start, start, end, p)
+        stream_fence()
+    elif p.stream:
         dequantize_streamed(x + start, y, start, end, p)
         stream_fence()
     else:
@@ -283,7 +353,7 @@ cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_stora
     while piece < end:
         piece_end = min(piece + <Py_ssize_t>UNPACK_BUFFER, end)
         unpack_codes(packed + piece * bits // 8, piece_end - piece, buffer, bits)
-        if p.stream:
+        if p.stream and not p.stream_direct:
             dequantize_streamed(buffer, y, piece, piece_end, p)
         else:
             dequantize_range(buffer, y + piece, piece, piece_end, p)
@@ -326,6 +396,10 @@ cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const do
     p.out_format = out_format
     p.fast = fast
     p.stream = HAVE_STREAM and size * out_itemsize >= STREAM_MIN_BYTES
+    # Not for blocks along the last axis: their short runs are better gathered in L1.
+    p.stream_direct = (p.stream and HAVE_STREAM_VALUES and p.integer_bytes and fast
+                       and out_format == FMT_FLOAT32
+                       and not (granularity == BLOCKED and inner == 1))
     p.scale = &scale[0]
     p.zero_point = &zero_point[0]
     p.scale32 = &scale32[0]
