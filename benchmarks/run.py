@@ -56,6 +56,12 @@ from qemu_q import _kernels  # noqa: E402
 
 OPSET = 21  # the newest version every case exists in for both runtimes
 SEED = 20240605
+# Seconds of pause before each timed sample (time_alternating). onnxruntime's intra-op
+# workers busy-wait some 20-30 ms after a run (its default, allow_spinning=1): after a
+# 10 ms pause, a worker still spinning took the second core from the next implementation,
+# and qemu_q's 2-thread calls measured as slow as its 1-thread ones (16M elements: 1.65
+# or 8 ms instead of 0.9). 50 ms lets every pool go idle.
+SETTLE = 0.05
 
 # ONNX element types of the cases: (TensorProto id, numpy dtype, bits).
 TYPES = {
@@ -310,7 +316,7 @@ def _calibrate(fn, min_sample: float) -> int:
 
 
 def time_alternating(impls: dict, repeat: int, min_sample: float, limited: dict | None = None,
-                     settle: float = 0.01) -> dict:
+                     settle: float = SETTLE) -> dict:
     """Best time per call of each implementation, over `repeat` rounds in which every
     implementation runs once (`limited` caps the rounds of slow ones).
 
