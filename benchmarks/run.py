@@ -486,7 +486,7 @@ def run_sweep(args) -> list:
             size = 1 << log2
             shape = (size,)
             with_ref = log2 <= args.sweep_reference_max
-            r = run_case(spec, shape, args, with_reference=with_ref)
+            r = run_case(spec, shape, args, with_reference=with_ref, repeat=args.sweep_repeat)
             rows.append(r)
             t = r["times"]
             print(f"  {spec.title:<32} 2^{log2:<2} " + "  ".join(
@@ -510,6 +510,7 @@ def main(argv=None):
     p.add_argument("--sweep-min", type=int, default=10, help="smallest size, log2 (default 10)")
     p.add_argument("--sweep-max", type=int, default=26, help="largest size, log2 (default 26)")
     p.add_argument("--sweep-step", type=int, default=2, help="log2 step (default 2)")
+    p.add_argument("--sweep-repeat", type=int, default=10, help="rounds per sweep point (default 10)")
     p.add_argument("--sweep-reference-max", type=int, default=22,
                    help="largest sweep size (log2) onnx.reference runs at (default 22)")
     p.add_argument("--quick", action="store_true", help="5 rounds, sweep up to 2^20")
@@ -525,6 +526,7 @@ def main(argv=None):
         args.reference_repeat = 1
         args.passes = 1
         args.sweep_max = min(args.sweep_max, 20)
+        args.sweep_repeat = min(args.sweep_repeat, 5)
     args.sweep_cases = [c for c in args.sweep_cases.split(",") if c]
     names = args.cases.split(",") if args.cases else [c.name for c in CASES]
     unknown = [n for n in names + args.sweep_cases if n not in CASES_BY_NAME]
