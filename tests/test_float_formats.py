@@ -506,7 +506,7 @@ def test_nan_codes_decode_with_their_sign(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 def test_output_dtype_spellings(fmt):
-    onnx = pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx", reason="the ONNX type numbers come from onnx (test extra)")
     x = tie_points(fmt)
     expected = fo.encode_array(fmt, x, 1)
     proto = getattr(onnx.TensorProto, fo.ONNX_NAME[fmt.name].upper())

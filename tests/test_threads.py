@@ -170,22 +170,26 @@ def test_quantize_threads_levels_paths(qtype, layout, restore_kernels):
     scale = _scales(rng, pshape)
     zp = _zero_point(rng, qtype, pshape)
     kw = {"axis": axis if axis is not None else 1, "block_size": block_size}
-    saturates = [0, 1] if qtype in FLOAT_TYPES else [1]
-    for saturate in saturates:
+    _check_quantize_paths(qtype, x, scale, zp, kw, f"{qtype} {name}")
+
+
+def _check_quantize_paths(qtype, x, scale, zp, kw, what):
+    """Every level, path and thread count gives the reference bits, for each saturate the
+    type has, and the fused path (quantize straight into the ONNX bytes) gives pack(y)."""
+    for saturate in ([0, 1] if qtype in FLOAT_TYPES else [1]):
         def run(n, saturate=saturate):
             with np.errstate(all="ignore"):
                 return qemu_q.quantize_linear(x, scale, zp, saturate=saturate, n_threads=n, **kw)
 
-        expected = _check_all(run, f"{qtype} {name} saturate={saturate}")
+        expected = _check_all(run, f"{what} saturate={saturate}")
 
-        # The fused path: quantize straight into the ONNX bytes.
         def run_packed(n, saturate=saturate):
             with np.errstate(all="ignore"):
                 return qemu_q.quantize_linear(x, scale, zp, saturate=saturate, packed=True,
                                               n_threads=n, **kw)
 
-        packed = _check_all(run_packed, f"{qtype} {name} saturate={saturate} packed")
-        assert_same_bits(packed, qemu_q.pack(expected), f"{qtype} {name} packed == pack(y)")
+        packed = _check_all(run_packed, f"{what} saturate={saturate} packed")
+        assert_same_bits(packed, qemu_q.pack(expected), f"{what} packed == pack(y)")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[l[0] for l in LAYOUTS])
@@ -347,20 +351,7 @@ def test_quantize_whole_blocks(qtype, block_size, restore_kernels):
         scale = _scales(rng, pshape)
         zp = _zero_point(rng, qtype, pshape)
         kw = {"axis": 1, "block_size": block_size}
-        for saturate in ([0, 1] if qtype in FLOAT_TYPES else [1]):
-            def run(n, saturate=saturate):
-                with np.errstate(all="ignore"):
-                    return qemu_q.quantize_linear(x, scale, zp, saturate=saturate, n_threads=n, **kw)
-
-            expected = _check_all(run, f"{qtype} {shape} block {block_size} saturate={saturate}")
-
-            def run_packed(n, saturate=saturate):
-                with np.errstate(all="ignore"):
-                    return qemu_q.quantize_linear(x, scale, zp, saturate=saturate, packed=True,
-                                                  n_threads=n, **kw)
-
-            packed = _check_all(run_packed, f"{qtype} {shape} block {block_size} packed")
-            assert_same_bits(packed, qemu_q.pack(expected), f"{qtype} block {block_size} packed == pack(y)")
+        _check_quantize_paths(qtype, x, scale, zp, kw, f"{qtype} {shape} block {block_size}")
 
 
 @pytest.mark.parametrize("qtype", ["int8", "uint8", "int16", "uint16", "int4"])
@@ -370,7 +361,7 @@ def test_streamed_large_quantize_outputs(qtype, axis, restore_kernels):
     # written with streaming stores at the AVX-512 level (pyx/_quantize.pyx:
     # stream_integer_codes), plain stores around them; the halves here are below that
     # size, so they are not. The bits must be the same either way, for every level, path
-    # and thread count. Rows of 2100 + 37 codes put the 64-byte lines at every offset.
+    # and thread count. Rows of 2137 codes put the 64-byte lines at every offset.
     dtype = np.dtype(ALL_TYPES[qtype])
     rows = -(-(1 << 23) // (2137 * dtype.itemsize)) + 1
     shape = (rows + rows % 2, 2137)
