@@ -19,13 +19,15 @@ from _codecs cimport (
     pack_value_format,
 )
 from _layout cimport (
-    Layout, Segment, Cursor, BLOCKED, make_layout, set_task_size, layout_tasks, layout_parameters,
+    Layout, Segment, Cursor, BLOCKED, make_layout, check_layout, set_task_size, layout_tasks,
+    layout_parameters,
     TaskQueue, task_queue_init, task_queue_claim,
     cursor_at, next_segment,
 )
 from _subbyte cimport unpack_codes
+from _fpenv cimport fp_state, fp_enter, fp_leave
 from _memory cimport (
-    stream_store, stream_fence, HAVE_STREAM, STREAM_MIN_BYTES, STREAM_PIECE,
+    stream_store, stream_fence, check_aligned, HAVE_STREAM, STREAM_MIN_BYTES, STREAM_PIECE,
 )
 
 cdef enum:
@@ -415,9 +417,12 @@ cdef inline void run_tasks(const dq_code_t* x, int bits, y_storage_t* y, const D
     cdef Py_ssize_t n_tasks = layout_tasks(&p.layout)
     cdef TaskQueue queue
     cdef int home
-    if n_threads > 1 and n_tasks > 1:
-        task_queue_init(&queue, n_tasks, n_threads)
-        with parallel(num_threads=n_threads):
+    cdef fp_state fp
+    cdef int team = <int>min(<Py_ssize_t>n_threads, n_tasks)
+    if team > 1:
+        task_queue_init(&queue, n_tasks, team)
+        with parallel(num_threads=team):
+            fp = fp_enter()
             home = threadid()
             task = task_queue_claim(&queue, home)
             while task >= 0:
@@ -426,12 +431,15 @@ cdef inline void run_tasks(const dq_code_t* x, int bits, y_storage_t* y, const D
                 else:
                     dequantize_task(x, y, p, task)
                 task = task_queue_claim(&queue, home)
+            fp_leave(fp)
     else:
+        fp = fp_enter()
         for task in range(n_tasks):
             if bits:
                 dequantize_packed_task(<const uint8_t*>x, bits, y, p, task)
             else:
                 dequantize_task(x, y, p, task)
+        fp_leave(fp)
 
 
 cdef DequantizePlan checked_plan(Py_ssize_t size, Py_ssize_t code_size, const double[::1] scale,
@@ -446,6 +454,9 @@ cdef DequantizePlan checked_plan(Py_ssize_t size, Py_ssize_t code_size, const do
                                       axis_len, inner, granularity, block_size, table,
                                       integer_bits, integer_signed, small_float_id, signed16,
                                       out_format, fast, out_itemsize)
+    check_layout(&p.layout)
+    if table.shape[0] < 256:
+        raise ValueError("the decode table needs 256 values")
     check_parameters(&p.layout, float32_parameters(code_size, out_format),
                      scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
     set_task_size(&p.layout, n_threads)
@@ -473,6 +484,10 @@ def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1
     cdef DequantizePlan p
     if size == 0:
         return
+    if out.shape[0] != size:
+        raise ValueError(f"out has {out.shape[0]} elements; x has {size}")
+    check_aligned(&x[0], sizeof(dq_code_t), "x")
+    check_aligned(&out[0], sizeof(y_storage_t), "out")
     p = checked_plan(size, sizeof(dq_code_t), scale, zero_point, scale32, zero_point32, outer,
                      axis_len, inner, granularity, block_size, table, integer_bits, integer_signed,
                      small_float_id, signed16, out_format, fast, sizeof(y_storage_t), n_threads)
@@ -493,6 +508,10 @@ def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, cons
         return
     if bits not in (2, 4, 6):
         raise ValueError(f"bits must be 2, 4 or 6, not {bits}")
+    if out.shape[0] != size or packed.shape[0] != (size * bits + 7) // 8:
+        raise ValueError(f"{size} codes of {bits} bits take {(size * bits + 7) // 8} bytes and "
+                         f"{size} outputs; got {packed.shape[0]} and {out.shape[0]}")
+    check_aligned(&out[0], sizeof(y_storage_t), "out")
     p = checked_plan(size, 1, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
                      granularity, block_size, table, integer_bits, integer_signed, small_float_id,
                      False, out_format, fast, sizeof(y_storage_t), n_threads)

@@ -74,9 +74,37 @@ cdef inline Layout make_layout(Py_ssize_t size, Py_ssize_t outer, Py_ssize_t axi
     L.inner = inner
     L.granularity = granularity
     L.block_size = block_size if block_size > 0 else 1
-    L.n_blocks = (axis_len + L.block_size - 1) // L.block_size
+    # Rounded up without forming axis_len + block_size, which could overflow.
+    L.n_blocks = axis_len // L.block_size + (axis_len % L.block_size != 0)
     L.task_size = MIN_TASK
     return L
+
+
+cdef inline int check_layout(const Layout* L) except -1:
+    # What every index the kernels form relies on, checked once per call, so that no
+    # caller (the Python layer clamps and validates first) can make a kernel read outside
+    # its arrays. With size = outer * axis_len * inner and 1 <= block_size <= axis_len,
+    # every element index, parameter index (< outer * n_blocks * inner <= size) and task
+    # bound (< size + MAX_TASK) is below 2**63: numpy caps an array's byte size at
+    # PY_SSIZE_T_MAX, and a packed byte offset (index * bits / 8, bits <= 8) stays below
+    # the index times 8, itself below 2**60 because no machine addresses 2**60 bytes.
+    cdef Py_ssize_t rows
+    if L.size < 0 or L.outer < 0 or L.axis_len < 0 or L.inner < 0:
+        raise ValueError("layout: negative extent")
+    if L.granularity == PER_TENSOR:
+        return 0
+    if L.inner == 0 or L.axis_len == 0 or L.outer == 0:
+        if L.size != 0:
+            raise ValueError("layout: extents do not multiply to the size")
+        return 0
+    rows = L.size // L.inner
+    if rows * L.inner != L.size or rows % L.axis_len != 0 or rows // L.axis_len != L.outer:
+        raise ValueError("layout: extents do not multiply to the size")
+    if L.granularity == BLOCKED and not (1 <= L.block_size <= L.axis_len):
+        raise ValueError(f"layout: block_size {L.block_size} outside [1, {L.axis_len}]")
+    if L.size > (<Py_ssize_t>1 << 60):
+        raise ValueError("layout: more than 2**60 elements")
+    return 0
 
 
 cdef inline void set_task_size(Layout* L, int n_threads) noexcept nogil:

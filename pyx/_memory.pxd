@@ -93,3 +93,12 @@ cdef enum:
     # Elements computed into the L1-resident buffer per streamed piece (a multiple of 8):
     # 2 KiB of float32, the best of 512 to 4096 on per-axis output.
     STREAM_PIECE = 512
+
+
+cdef inline int check_aligned(const void* data, size_t element_size, str argument) except -1:
+    # The vector loops, and the head/line split of the streamed ones, assume every array is
+    # aligned to its element size (the Python layer guarantees it, copying where a caller's
+    # buffer is not): checked here so that no caller can break that assumption.
+    if (<size_t>data) % element_size != 0:
+        raise ValueError(f"{argument} is not aligned to its {element_size}-byte elements")
+    return 0

@@ -28,18 +28,29 @@ cdef void run_tasks(const uint8_t* source, uint8_t* dest, Py_ssize_t n, int bits
                     int n_threads) noexcept nogil:
     cdef Py_ssize_t n_tasks = (n + PACK_CHUNK - 1) // PACK_CHUNK
     cdef Py_ssize_t task
-    if n_threads > 1 and n_tasks > 1:
-        for task in prange(n_tasks, schedule='dynamic', num_threads=n_threads):
+    # Integer work only: the floating-point environment plays no part here.
+    cdef int team = <int>min(<Py_ssize_t>n_threads, n_tasks)
+    if team > 1:
+        for task in prange(n_tasks, schedule='dynamic', num_threads=team):
             code_task(source, dest, n, bits, packing, task)
     else:
         for task in range(n_tasks):
             code_task(source, dest, n, bits, packing, task)
 
 
+cdef int check_sizes(Py_ssize_t n_codes, Py_ssize_t n_bytes, int bits) except -1:
+    if bits not in (2, 4, 6):
+        raise ValueError(f"bits must be 2, 4 or 6, not {bits}")
+    if n_bytes != (n_codes * bits + 7) // 8:
+        raise ValueError(f"{n_codes} codes of {bits} bits take {(n_codes * bits + 7) // 8} bytes, not {n_bytes}")
+    return 0
+
+
 def pack(const uint8_t[::1] codes, uint8_t[::1] out, int bits, int n_threads):
     """Pack one-code-per-byte `codes` (low `bits` bits used) into `out` (ceil(n*bits/8) bytes)."""
     if codes.shape[0] == 0:
         return
+    check_sizes(codes.shape[0], out.shape[0], bits)
     with nogil:
         run_tasks(&codes[0], &out[0], codes.shape[0], bits, True, n_threads)
 
@@ -48,5 +59,6 @@ def unpack(const uint8_t[::1] packed, uint8_t[::1] out, int bits, int n_threads)
     """Unpack `out.shape[0]` codes of `bits` bits from the ONNX layout in `packed`."""
     if out.shape[0] == 0:
         return
+    check_sizes(out.shape[0], packed.shape[0], bits)
     with nogil:
         run_tasks(&packed[0], &out[0], out.shape[0], bits, False, n_threads)

@@ -1,3 +1,5 @@
+from _fpenv cimport fp_state, fp_enter, fp_leave
+
 # What the kernels were compiled with, and what the CPU they run on supports, asked of the
 # compiled code itself rather than of the build's records.
 
@@ -55,3 +57,24 @@ def cpu_supports(level):
     if level == "x86-64-v4":
         return bool(qemu_q_cpu_supports_v4())
     return level == "baseline"
+
+
+cdef class DefaultFloatingPoint:
+    """`with DefaultFloatingPoint():` runs its body in the default floating-point
+    environment (_fpenv.pxd) on the calling thread, then restores the caller's: the
+    numpy arithmetic of the Python layer (parameter conversions, DynamicQuantizeLinear's
+    scale) must not read the caller's FTZ/DAZ or rounding mode either. One instance per
+    use: each holds the state it restores."""
+    cdef fp_state saved
+    cdef bint entered
+
+    def __enter__(self):
+        if self.entered:
+            raise RuntimeError("DefaultFloatingPoint is not reentrant; use a new instance")
+        self.saved = fp_enter()
+        self.entered = True
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        fp_leave(self.saved)
+        return False

@@ -11,7 +11,8 @@ from cython.parallel cimport parallel, threadid
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uintptr_t
 
 from _layout cimport (
-    Layout, Segment, Cursor, PER_TENSOR, BLOCKED, make_layout, set_task_size, layout_tasks, layout_parameters,
+    Layout, Segment, Cursor, PER_TENSOR, BLOCKED, make_layout, check_layout, set_task_size, layout_tasks,
+    layout_parameters,
     TaskQueue, task_queue_init, task_queue_claim,
     cursor_at, next_segment,
 )
@@ -23,7 +24,8 @@ from _codecs cimport (
     encode_integer, round_biased, saturate_biased, encode_small_float, ROUND_MAGIC_BITS,
 )
 from _subbyte cimport pack_codes
-from _memory cimport prefetch, stream_fence, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES
+from _fpenv cimport fp_state, fp_enter, fp_leave
+from _memory cimport prefetch, stream_fence, check_aligned, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES
 
 cdef enum:
     # Codes quantized into a stack buffer (L1-resident) before they are packed: a multiple
@@ -521,9 +523,12 @@ cdef inline void run_tasks(const x_storage_t* x, code_storage_t* y, int bits, co
     cdef Py_ssize_t n_tasks = layout_tasks(&p.layout)
     cdef TaskQueue queue
     cdef int home
-    if n_threads > 1 and n_tasks > 1:
-        task_queue_init(&queue, n_tasks, n_threads)
-        with parallel(num_threads=n_threads):
+    cdef fp_state fp
+    cdef int team = <int>min(<Py_ssize_t>n_threads, n_tasks)
+    if team > 1:
+        task_queue_init(&queue, n_tasks, team)
+        with parallel(num_threads=team):
+            fp = fp_enter()
             home = threadid()
             task = task_queue_claim(&queue, home)
             while task >= 0:
@@ -532,12 +537,15 @@ cdef inline void run_tasks(const x_storage_t* x, code_storage_t* y, int bits, co
                 else:
                     quantize_task(x, y, p, task)
                 task = task_queue_claim(&queue, home)
+            fp_leave(fp)
     else:
+        fp = fp_enter()
         for task in range(n_tasks):
             if bits:
                 quantize_packed_task(x, <uint8_t*>y, bits, p, task)
             else:
                 quantize_task(x, y, p, task)
+        fp_leave(fp)
 
 
 cdef QuantizePlan checked_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
@@ -552,6 +560,7 @@ cdef QuantizePlan checked_plan(Py_ssize_t size, const double[::1] scale, const d
                                     outer, axis_len, inner, granularity, block_size, x_format,
                                     precision, fast_divide, code_kind, lo, hi, mask,
                                     small_float_id, saturate, path)
+    check_layout(&p.layout)
     check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
                      scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
                      p.path == PATH_F32_INTEGER)
@@ -585,6 +594,10 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
     cdef QuantizePlan p
     if size == 0:
         return
+    if out.shape[0] != size:
+        raise ValueError(f"out has {out.shape[0]} elements; x has {size}")
+    check_aligned(&x[0], sizeof(x_storage_t), "x")
+    check_aligned(&out[0], sizeof(code_storage_t), "out")
     p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
                      inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
                      lo, hi, mask, small_float_id, saturate,
@@ -608,6 +621,9 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
         return
     if bits not in (2, 4, 6):
         raise ValueError(f"bits must be 2, 4 or 6, not {bits}")
+    if out.shape[0] != (size * bits + 7) // 8:
+        raise ValueError(f"out has {out.shape[0]} bytes; {size} codes of {bits} bits take {(size * bits + 7) // 8}")
+    check_aligned(&x[0], sizeof(x_storage_t), "x")
     p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
                      inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
                      lo, hi, mask, small_float_id, saturate,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -58,7 +59,14 @@ def load(level: str) -> KernelSet:
 def _default() -> KernelSet:
     cap = os.environ.get("QEMU_Q_ISA", "").strip()
     if cap and cap not in LEVELS:
-        raise ValueError(f"QEMU_Q_ISA={cap!r}; known: {', '.join(LEVELS)}")
+        # A typo in an environment variable must not make the package unimportable.
+        warnings.warn(
+            f"QEMU_Q_ISA={cap!r} is not an instruction-set level (known: {', '.join(LEVELS)}); "
+            f"ignoring it",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        cap = ""
     levels = available_levels()
     if cap:
         levels = [level for level in levels if LEVELS.index(level) >= LEVELS.index(cap)]

@@ -7,6 +7,7 @@ arrays, double-precision scales and zero points, and plain integer parameters.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import sys
@@ -16,12 +17,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import _dequantize, _dynamic, _kernels
+from . import _dequantize, _dynamic, _kernels, _parallel
 from ._dtypes import (
     BLOCKED, CODE_INTEGER, CODE_SMALL_FLOAT, ELEMENT_TYPES, FMT_FLOAT32, PER_AXIS, PER_TENSOR,
     ElementType, array_element_type, element_type,
 )
-from ._opspec import OpSpec, first_version_allowing, first_version_with_attribute, get_spec
+from ._opspec import (
+    OpSpec, first_version_allowing, first_version_with_attribute, get_spec, normalize_opset,
+)
 from ._pack import normalize_shape, packed_size, raw_bytes
 from ._threads import resolve_threads
 
@@ -35,6 +38,18 @@ _PRECISION_TYPES = {1: "float", 10: "float16", 16: "bfloat16"}
 _LITTLE_ENDIAN = sys.byteorder == "little"
 # False forces the kernels' general scalar paths (the tests compare both).
 _FAST_KERNELS = True
+
+
+def _in_default_fp_environment(op):
+    """Run `op` in the default floating-point environment on the calling thread
+    (pyx/_fpenv.pxd): the Python layer's own arithmetic (parameter conversions, zero-point
+    checks, DynamicQuantizeLinear's scale) must not read the caller's FTZ/DAZ or rounding
+    mode any more than the kernels do."""
+    @functools.wraps(op)
+    def guarded(*args, **kwargs):
+        with _parallel.DefaultFloatingPoint():
+            return op(*args, **kwargs)
+    return guarded
 
 
 def _label(spec: OpSpec, opset: int) -> str:
@@ -73,20 +88,34 @@ def _check_attribute(spec: OpSpec, opset: int, name: str, value, default) -> Non
     )
 
 
-def _int_attribute(value, name: str) -> int:
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int_attribute(value, name: str, allow_bool: bool = False) -> int:
+    """An ONNX int attribute as a Python int: an int64, as a NodeProto holds it. A bool is
+    a flag's value (saturate), never an axis or a size."""
     if isinstance(value, (bool, np.bool_)):
-        return int(value)
+        if allow_bool:
+            return int(value)
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     try:
-        return operator.index(value)
+        number = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if not _INT64_MIN <= number <= _INT64_MAX:
+        raise ValueError(f"{name}={number} is not an int64 (ONNX attributes are 64-bit)")
+    return number
 
 
-def _normalize_output_dtype(output_dtype):
-    # The attribute's ONNX default 0 means "not given".
+def _normalize_output_dtype(output_dtype) -> ElementType | None:
+    """The requested output type, resolved before it enters a plan's cache key (so that
+    an ill-typed value is refused whatever was cached). The attribute's ONNX default 0
+    means "not given"."""
+    if output_dtype is None:
+        return None
     if isinstance(output_dtype, (int, np.integer)) and not isinstance(output_dtype, (bool, np.bool_)) and output_dtype == 0:
         return None
-    return output_dtype
+    return element_type(output_dtype, "output_dtype")
 
 
 @dataclass(frozen=True)
@@ -163,13 +192,17 @@ def _resolve_granularity(spec: OpSpec, opset: int, x_shape, scale: np.ndarray, z
             f"{label}: block_size={block_size} does not fit x.shape[{axis}] = {axis_len} with "
             f"{n_scales} scales along the axis; allowed {allowed} = [ceil(Di/Si), ceil(Di/(Si-1))-1]"
         )
-    return _Granularity(BLOCKED, outer, axis_len, inner, block_size)
+    # One block along the axis accepts any block_size >= the axis length (the range above
+    # has no upper bound): all of them mean the same block, and the kernels see it as such.
+    return _Granularity(BLOCKED, outer, axis_len, inner, min(block_size, axis_len))
 
 
 # Per-thread scratch arrays for the per-call parameter conversions: reused call after call,
 # so that converting a large blocked scale does not cost fresh pages (and their faults)
-# every time. The kernels keep no reference to them past the call.
+# every time. The kernels keep no reference to them past the call. Only arrays up to
+# _SCRATCH_RETAINED_BYTES stay between calls: a larger one is the call's own and freed.
 _scratch = threading.local()
+_SCRATCH_RETAINED_BYTES = 1 << 20
 _NO_FLOAT64 = np.zeros(1, np.float64)
 _NO_FLOAT32 = np.zeros(1, np.float32)
 _NO_INT32 = np.zeros(1, np.int32)
@@ -181,7 +214,11 @@ def _scratch_array(slot: str, n: int, dtype) -> np.ndarray:
         arrays = _scratch.arrays = {}
     array = arrays.get(slot)
     if array is None or array.size < n or array.dtype != dtype:
-        array = arrays[slot] = np.empty(max(n, 1), dtype)
+        array = np.empty(max(n, 1), dtype)
+        if array.nbytes <= _SCRATCH_RETAINED_BYTES:
+            arrays[slot] = array
+        else:
+            arrays.pop(slot, None)
     return array[:n]
 
 
@@ -257,9 +294,24 @@ def _check_out(out, inputs) -> np.ndarray:
     if not out.flags.writeable:
         raise ValueError("out is read-only")
     for name, array in inputs:
-        if np.may_share_memory(out, array):
+        if array is not None and np.may_share_memory(out, array):
             raise ValueError(f"out overlaps {name}; the kernels do not work in place")
     return out
+
+
+def _kernel_output(storage: np.ndarray) -> np.ndarray:
+    """What a kernel writes for the flat storage view of an output: the view itself, or,
+    where the caller's buffer is not aligned to its elements (an out= made at an odd
+    offset), an aligned temporary that _finish_output copies into it. The kernels' vector
+    loops then only ever see aligned arrays (pyx/_memory.pxd: check_aligned)."""
+    if storage.flags.aligned:
+        return storage
+    return np.empty_like(storage)
+
+
+def _finish_output(storage: np.ndarray, written: np.ndarray) -> None:
+    if written is not storage:
+        storage[...] = written
 
 
 def _prepare_output(out, shape, etype: ElementType, inputs) -> np.ndarray:
@@ -305,8 +357,16 @@ def _packed_input(x, dtype, shape, zero_point, label: str):
     return x_type, shape, data
 
 
+def _flag(value, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
 def _flat_storage(array: np.ndarray, etype: ElementType) -> np.ndarray:
-    return np.ascontiguousarray(array).reshape(-1).view(etype.storage)
+    # Contiguous and aligned to its elements (a copy otherwise), as the kernels require.
+    flat = np.require(array, requirements=("C", "A")).reshape(-1)
+    return flat.view(etype.storage)
 
 
 @dataclass(frozen=True)
@@ -350,6 +410,7 @@ class _QuantizePlan:
     hi: int
     mask: int
     small_float_id: int
+    saturate: int
 
 
 @lru_cache(maxsize=512)
@@ -397,9 +458,10 @@ def _quantize_plan(opset, x_dtype, x_shape, scale_dtype, scale_shape, zp_dtype, 
         code_kind, lo, hi, mask = CODE_SMALL_FLOAT, 0, 0, 0
         small_float_id = out_type.small_float_id
     return _QuantizePlan(label, x_type, out_type, gran, precision_type.value_format, fast_divide,
-                         code_kind, lo, hi, mask, small_float_id)
+                         code_kind, lo, hi, mask, small_float_id, saturate)
 
 
+@_in_default_fp_environment
 def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
                     saturate=1, precision=0, opset=None, out=None, packed=False,
                     n_threads=None) -> np.ndarray:
@@ -418,47 +480,52 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     x = _as_array(x, "x")
     scale = _as_array(y_scale, "y_scale")
     zero_point = None if y_zero_point is None else _as_array(y_zero_point, "y_zero_point")
-    saturate = _int_attribute(saturate, "saturate")
-    key = (opset, x.dtype, x.shape, scale.dtype, scale.shape,
+    packed = _flag(packed, "packed")
+    # Every attribute is normalized and type-checked before it enters the cache key.
+    key = (normalize_opset(opset), x.dtype, x.shape, scale.dtype, scale.shape,
            None if zero_point is None else zero_point.dtype,
            None if zero_point is None else zero_point.shape,
-           _int_attribute(axis, "axis"), _int_attribute(block_size, "block_size"), saturate,
+           _int_attribute(axis, "axis"), _int_attribute(block_size, "block_size"),
+           _int_attribute(saturate, "saturate", allow_bool=True),
            _int_attribute(precision, "precision"), _normalize_output_dtype(output_dtype))
     plan = _plan_cached(_quantize_plan, key)
     label, x_type, out_type, gran = plan.label, plan.x_type, plan.out_type, plan.gran
-    fast_divide = plan.fast_divide
+    n_threads = resolve_threads(n_threads, x.size)
+    # The output is checked before anything is converted or allocated.
+    inputs = [("x", x), ("y_scale", scale), ("y_zero_point", zero_point)]
+    if packed:
+        result = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
+    else:
+        result = _prepare_output(out, x.shape, out_type, inputs)
+    if x.size == 0:
+        return result
     _check_zero_point_values(zero_point, out_type, label, "y_zero_point")
     # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
-    float32_path = _FAST_KERNELS and fast_divide and x_type.name == "float"
+    float32_path = _FAST_KERNELS and plan.fast_divide and x_type.name == "float"
     params = _kernel_parameters(scale, zero_point, scale.size, -0.0, float32_path,
                                 zero_point_int=out_type.kind == "integer")
     args = (
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
-        x_type.value_format, plan.precision_format, fast_divide,
-        plan.code_kind, plan.lo, plan.hi, plan.mask, plan.small_float_id, saturate,
-        resolve_threads(n_threads, x.size), float32_path,
+        x_type.value_format, plan.precision_format, plan.fast_divide,
+        plan.code_kind, plan.lo, plan.hi, plan.mask, plan.small_float_id, plan.saturate,
+        n_threads, float32_path,
     )
     kernels = _kernels.active.quantize
     flat_x = _flat_storage(x, x_type)
-    inputs = [("x", x), ("y_scale", scale)]
-    if packed and (out_type.packed or not _LITTLE_ENDIAN):
-        raw = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
-        if out_type.packed:
-            # Quantized and packed piece by piece: the one-per-byte codes never exist.
-            kernels.quantize_packed(flat_x, *params, raw, out_type.bits, *args)
-        else:
-            y = np.empty(x.shape, dtype=out_type.dtype)
-            kernels.quantize(flat_x, *params, y.reshape(-1).view(out_type.storage), *args)
-            raw[...] = y.reshape(-1).astype(y.dtype.newbyteorder("<")).view(np.uint8)
-        return raw
-    if packed:
-        # Whole-byte types: the storage is the raw_data; write it in place.
-        raw = _prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
-        kernels.quantize(flat_x, *params, raw.view(out_type.storage), *args)
-        return raw
-    y = _prepare_output(out, x.shape, out_type, inputs)
-    kernels.quantize(flat_x, *params, y.reshape(-1).view(out_type.storage), *args)
-    return y
+    if packed and out_type.packed:
+        # Quantized and packed piece by piece: the one-per-byte codes never exist.
+        kernels.quantize_packed(flat_x, *params, result, out_type.bits, *args)
+    elif packed and not _LITTLE_ENDIAN:
+        y = np.empty(x.size, dtype=out_type.dtype)
+        kernels.quantize(flat_x, *params, y.view(out_type.storage), *args)
+        result[...] = y.astype(y.dtype.newbyteorder("<")).view(np.uint8)
+    else:
+        # Whole-byte packed types: the storage is the raw_data, written in place.
+        storage = result.view(out_type.storage) if packed else result.reshape(-1).view(out_type.storage)
+        written = _kernel_output(storage)
+        kernels.quantize(flat_x, *params, written, *args)
+        _finish_output(storage, written)
+    return result
 
 
 def _quantize_output_type(spec, opset, output_dtype, zero_point, label) -> ElementType:
@@ -566,6 +633,7 @@ def _dequantize_plan(opset, x_dtype, x_shape, scale_dtype, scale_shape, zp_dtype
     )
 
 
+@_in_default_fp_environment
 def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
                       opset=None, out=None, packed=False, dtype=None, shape=None,
                       n_threads=None) -> np.ndarray:
@@ -582,6 +650,8 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     """
     scale = _as_array(x_scale, "x_scale")
     zero_point = None if x_zero_point is None else _as_array(x_zero_point, "x_zero_point")
+    packed = _flag(packed, "packed")
+    opset = normalize_opset(opset)
     raw = None
     if packed:
         spec = get_spec("DequantizeLinear", opset)
@@ -608,40 +678,49 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
            _normalize_output_dtype(output_dtype))
     plan = _plan_cached(_dequantize_plan, key)
     x_type, out_type, gran = plan.x_type, plan.out_type, plan.gran
+    size = math.prod(x_shape)
+    n_threads = resolve_threads(n_threads, size)
+    # The output is checked before anything is converted or allocated.
+    y = _prepare_output(out, x_shape, out_type,
+                        [("x", x if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point)])
+    if size == 0:
+        return y
     _check_zero_point_values(zero_point, x_type, plan.label, "x_zero_point")
     params = _kernel_parameters(scale, zero_point, scale.size, 0.0, plan.float32_parameters,
                                 zero_point_int=False)[:4]
-    size = math.prod(x_shape)
-    y = _prepare_output(out, x_shape, out_type, [("x", x if raw is None else raw), ("x_scale", scale)])
-    n_threads = resolve_threads(n_threads, size)
+    storage = y.reshape(-1).view(out_type.storage)
+    written = _kernel_output(storage)
     if x is None:
         _kernels.active.dequantize.dequantize_packed(
-            raw, x_type.bits, size, *params, y.reshape(-1).view(out_type.storage),
+            raw, x_type.bits, size, *params, written,
             gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
             plan.table, out_type.value_format, n_threads, plan.integer_bits, plan.integer_signed,
             plan.small_float_id, _FAST_KERNELS,
         )
-        return y
-    _kernels.active.dequantize.dequantize(
-        _flat_storage(x, x_type), *params, y.reshape(-1).view(out_type.storage),
-        gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
-        plan.table, x_type.name == "int16", out_type.value_format, n_threads,
-        plan.integer_bits, plan.integer_signed, plan.small_float_id, _FAST_KERNELS,
-    )
+    else:
+        _kernels.active.dequantize.dequantize(
+            _flat_storage(x, x_type), *params, written,
+            gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
+            plan.table, x_type.name == "int16", out_type.value_format, n_threads,
+            plan.integer_bits, plan.integer_signed, plan.small_float_id, _FAST_KERNELS,
+        )
+    _finish_output(storage, written)
     return y
 
 
+@_in_default_fp_environment
 def dynamic_quantize_linear(x, *, opset=None):
     """ONNX DynamicQuantizeLinear-11: (y uint8, y_scale float32 scalar, y_zero_point uint8 scalar).
 
     The range is [min(0, min x), max(0, max x)] over the non-NaN values; a zero range gives
     scale 1 and zero point 0 (docs/semantics.md).
     """
+    opset = normalize_opset(opset)
     spec = get_spec("DynamicQuantizeLinear", opset)
     x = _as_array(x, "x")
     x_type = array_element_type(x, "x")
     _check_type(spec, spec.since_version if opset is None else opset, "x", x_type)
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = np.require(x, requirements=("C", "A")).reshape(-1)
     lo, hi, _ = _dynamic.min_max(flat, resolve_threads(None, flat.size))
     f32 = np.float32
     low = f32(min(f32(0.0), f32(lo)))

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
+import numpy as np
+
 NEWEST_OPSET = 28
 
 GRANULARITIES = ("per_tensor", "per_axis", "blocked")
@@ -300,15 +302,25 @@ def _specs_for(op_type: object) -> tuple[OpSpec, ...]:
         raise ValueError(f"unknown op {op_type!r}; known ops are {known}") from None
 
 
+def normalize_opset(opset) -> int | None:
+    """`opset` as a Python int (None stays None). Every op normalizes it before anything
+    is cached, so that 21.0 is refused whatever was called before (21.0 == 21 would hit a
+    plan cached for 21)."""
+    if opset is None:
+        return None
+    # bool is an int subclass, but opset=True is surely a mistake
+    if isinstance(opset, (bool, np.bool_)) or not isinstance(opset, (int, np.integer)):
+        raise TypeError(f"opset must be an int or None, got {type(opset).__name__} {opset!r}")
+    return int(opset)
+
+
 def get_spec(op_type: str, opset: int | None = None) -> OpSpec:
     """The spec that a model importing the default domain at `opset` runs: the newest
     since-version <= opset (None means NEWEST_OPSET)."""
     specs = _specs_for(op_type)
+    opset = normalize_opset(opset)
     if opset is None:
         opset = NEWEST_OPSET
-    # bool is an int subclass, but opset=True is surely a mistake
-    if not isinstance(opset, int) or isinstance(opset, bool):
-        raise TypeError(f"opset must be an int or None, got {type(opset).__name__}")
     versions = ", ".join(str(spec.since_version) for spec in specs)
     if opset < 1:
         problem = "is not an opset (they start at 1)"

@@ -30,8 +30,15 @@ def normalize_shape(shape, argument: str = "shape") -> tuple[int, ...]:
 def raw_bytes(buffer, etype, count: int, argument: str) -> np.ndarray:
     """`buffer` (bytes or a uint8 array) as 1-D uint8, checked to be the raw_data of `count`
     elements of `etype`; `argument` names it in the errors."""
-    if isinstance(buffer, (bytes, bytearray, memoryview)):
+    if isinstance(buffer, (bytes, bytearray)):
         data = np.frombuffer(buffer, dtype=np.uint8)
+    elif isinstance(buffer, memoryview):
+        # Any memoryview, strided or of another item format: its bytes in logical order.
+        try:
+            items = np.asarray(buffer)
+        except (TypeError, ValueError, BufferError) as error:
+            raise TypeError(f"{argument}: a memoryview numpy cannot read ({error})") from None
+        data = np.ascontiguousarray(items).reshape(-1).view(np.uint8)
     elif isinstance(buffer, np.ndarray):
         if buffer.dtype != np.uint8:
             raise TypeError(f"{argument} must hold uint8 bytes, got dtype {buffer.dtype}")

@@ -11,9 +11,11 @@ Errors are one line on stderr; the exit code is 2 for a usage error and 1 for a 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -234,13 +236,30 @@ def _prepare_out(out: str, force: bool) -> None:
     os.makedirs(out, exist_ok=True)
 
 
+def _write_file(path: str, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: into a temporary name beside it, then
+    renamed over it, so that an interrupted or failed write (Ctrl-C, a full disk) leaves
+    no empty or truncated file under the real name."""
+    directory = os.path.dirname(path) or "."
+    handle = tempfile.NamedTemporaryFile(dir=directory, prefix=".qemu-q-", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            handle.write(data)
+        os.replace(handle.name, path)
+    except BaseException:
+        try:
+            os.unlink(handle.name)
+        except OSError:
+            pass
+        raise
+
+
 def _write(root: str, relative: str, data: bytes, made: set) -> None:
     directory = os.path.dirname(relative)
     if directory not in made:
         os.makedirs(os.path.join(root, directory), exist_ok=True)
         made.add(directory)
-    with open(os.path.join(root, relative), "wb") as handle:
-        handle.write(data)
+    _write_file(os.path.join(root, relative), data)
 
 
 def _format_bytes(n: int) -> str:
@@ -420,7 +439,10 @@ def cmd_apply(args, op: str) -> int:
     etype = array_element_type(y, "y")
     stored = to_storage(y)
     if args.out:
-        np.save(args.out, stored, allow_pickle=False)
+        buffer = io.BytesIO()
+        np.save(buffer, stored, allow_pickle=False)
+        # np.save's own naming: ".npy" is appended unless present.
+        _write_file(args.out if args.out.endswith(".npy") else args.out + ".npy", buffer.getvalue())
         how = "" if stored.dtype == y.dtype else f", stored as {stored.dtype}"
         print(f"y: {etype.name} {list(y.shape)}{how} -> {args.out}")
     else:
