@@ -41,9 +41,15 @@ class ElementType:
     def packed(self) -> bool:
         return self.bits < 8
 
-    @property
-    def is_float(self) -> bool:
-        return self.kind in ("small_float", "value", "scale_only") and self.name != "int32"
+    def code_values(self, codes) -> np.ndarray:
+        """The int64 values of integer codes given by their low `bits` bits: two's
+        complement for a signed type (the one home of sign extension)."""
+        if self.kind != "integer":
+            raise TypeError(f"{self.name} is not an integer type")
+        values = np.asarray(codes, dtype=np.int64) & ((1 << self.bits) - 1)
+        if self.lo < 0:
+            values = np.where(values >= 1 << (self.bits - 1), values - (1 << self.bits), values)
+        return values
 
     def __repr__(self) -> str:
         return f"<ElementType {self.name}>"
@@ -153,7 +159,3 @@ def array_element_type(array: np.ndarray, argument: str) -> ElementType:
         )
     return found
 
-
-def storage_view(array: np.ndarray, etype: ElementType) -> np.ndarray:
-    """The array's bits as the kernel's plain storage dtype (a view, no copy)."""
-    return array.view(etype.storage)

@@ -287,6 +287,17 @@ _SPECS: dict[str, tuple[OpSpec, ...]] = {
     "DynamicQuantizeLinear": _DYNAMIC_QUANTIZE_LINEAR,
 }
 
+# Short names the command line and golden selections accept for each op (any case).
+OP_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "QuantizeLinear": ("q", "quantize"),
+    "DequantizeLinear": ("dq", "dequantize"),
+    "DynamicQuantizeLinear": ("dynamic",),
+})
+
+# QuantizeLinear-23+ `precision` attribute: ONNX data-type ints of the division's precision
+# (0, the default, means the scale's type).
+PRECISION_TYPES: Mapping[int, str] = MappingProxyType({1: "float", 10: "float16", 16: "bfloat16"})
+
 OP_VERSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType(
     {op: tuple(spec.since_version for spec in specs) for op, specs in _SPECS.items()}
 )
@@ -355,3 +366,15 @@ def first_version_with_attribute(op_type: str, attr: str) -> int | None:
         if attr in spec.attributes:
             return spec.since_version
     return None
+
+
+def resolve_op_name(name: str) -> str:
+    """An op type, or one of its OP_ALIASES, in any case, to the op type."""
+    if not isinstance(name, str):
+        raise TypeError(f"op name must be a str, got {type(name).__name__}")
+    key = name.strip().lower()
+    for op_type in _SPECS:
+        if key == op_type.lower() or key in OP_ALIASES.get(op_type, ()):
+            return op_type
+    known = ", ".join(f"{op} ({', '.join(OP_ALIASES.get(op, ()))})" for op in _SPECS)
+    raise ValueError(f"unknown op {name!r}; known: {known}")
