@@ -7,10 +7,10 @@ for every ONNX quantized type, computed by Cython kernels; the bits are the prod
 from . import _build_config
 from ._dtypes import ELEMENT_TYPES, ElementType, element_type
 from ._opspec import NEWEST_OPSET, OP_VERSIONS, FormalParameter, OpSpec, get_spec
-from ._ops import dequantize_linear, dynamic_quantize_linear, quantize_linear
 from ._pack import pack, unpack
+from .ops import dequantize_linear, dynamic_quantize_linear, quantize_linear
 from ._parallel import openmp_compiled as _openmp_compiled
-from ._run_op import run_op
+from ._registry import run_op
 from ._threads import MAX_THREADS, get_num_threads, set_num_threads
 
 __version__ = "0.1.0"

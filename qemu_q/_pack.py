@@ -7,7 +7,7 @@ import operator
 
 import numpy as np
 
-from . import _packing
+from . import _dispatch
 from ._dtypes import array_element_type, element_type
 from ._threads import resolve_threads
 
@@ -74,7 +74,8 @@ def pack(array, *, out=None, n_threads=None) -> np.ndarray:
         out[...] = data
         return out
     result = np.empty(size, dtype=np.uint8) if out is None else out
-    _packing.pack(flat.view(np.uint8), result, etype.bits, resolve_threads(n_threads, flat.size))
+    _dispatch.run(_dispatch.Path.PACK, flat.view(np.uint8), result, etype.bits,
+                  resolve_threads(n_threads, flat.size))
     return result
 
 
@@ -87,5 +88,5 @@ def unpack(buffer, dtype, shape, *, n_threads=None) -> np.ndarray:
     if not etype.packed:
         return data.view(etype.dtype.newbyteorder("<")).astype(etype.dtype, copy=True).reshape(shape)
     codes = np.empty(count, dtype=np.uint8)
-    _packing.unpack(data, codes, etype.bits, resolve_threads(n_threads, count))
+    _dispatch.run(_dispatch.Path.UNPACK, data, codes, etype.bits, resolve_threads(n_threads, count))
     return codes.view(etype.dtype).reshape(shape)

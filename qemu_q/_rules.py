@@ -69,19 +69,30 @@ def quantize_output_type(spec: OpSpec, output_dtype: ElementType | None,
     return zero_point_type if zero_point_type is not None else _UINT8
 
 
-def dequantize_output_type(spec: OpSpec, output_dtype: ElementType | None,
-                           scale_type: ElementType) -> ElementType:
-    """DequantizeLinear's y, which is also the precision of its multiplication: float32
-    (10, 13), the scale's type (19, 21), output_dtype else the scale's type (23+). A
-    float8e8m0 scale is no output type: float32 (docs/semantics.md)."""
-    rule = spec.output_type_rule
+def _dequantize_type(rule: str, output_dtype: ElementType | None,
+                     scale_type: ElementType) -> ElementType:
     if rule == "float32":
         return _FLOAT32
     if rule == "output_dtype_or_scale" and output_dtype is not None:
         return output_dtype
     if rule not in ("scale", "output_dtype_or_scale"):
-        raise AssertionError(f"unknown output_type_rule {rule!r}")
+        raise AssertionError(f"unknown DequantizeLinear rule {rule!r}")
+    # A float8e8m0 scale is no output type: float32 (docs/semantics.md).
     return scale_type if scale_type.kind == "value" else _FLOAT32
+
+
+def dequantize_output_type(spec: OpSpec, output_dtype: ElementType | None,
+                           scale_type: ElementType) -> ElementType:
+    """DequantizeLinear's y: float32 (10, 13), the scale's type (19, 21), output_dtype
+    else the scale's type (23+)."""
+    return _dequantize_type(spec.output_type_rule, output_dtype, scale_type)
+
+
+def multiplication_precision(spec: OpSpec, output_dtype: ElementType | None,
+                             scale_type: ElementType) -> ElementType:
+    """DequantizeLinear: the type (x - x_zero_point) * x_scale is computed in. Every
+    version's text makes it the output type; the table states it separately."""
+    return _dequantize_type(spec.multiplication_precision, output_dtype, scale_type)
 
 
 def saturate_applies(spec: OpSpec, out_type: ElementType) -> bool:

@@ -1,9 +1,10 @@
-"""Thread-count policy: a module-level default, a per-call override, a ceiling, no thread
-team for inputs too small to repay it, and one thread in a forked child. Results never
-depend on the count."""
+"""The environment a call runs in: the thread count (a module-level default, a per-call
+override, a ceiling, no thread team for inputs too small to repay it, one thread in a
+forked child) and the floating-point environment. Results depend on neither."""
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 
@@ -94,3 +95,15 @@ def resolve_threads(n_threads, size: int) -> int:
     if n > 1:
         _team_used = True
     return n
+
+
+def in_default_fp_environment(op):
+    """Run `op` in the default floating-point environment on the calling thread
+    (pyx/_fpenv.pxd): the Python layer's own arithmetic (parameter conversions, zero-point
+    checks, DynamicQuantizeLinear's scale) must not read the caller's FTZ/DAZ or rounding
+    mode any more than the kernels do."""
+    @functools.wraps(op)
+    def guarded(*args, **kwargs):
+        with _parallel.DefaultFloatingPoint():
+            return op(*args, **kwargs)
+    return guarded

@@ -403,7 +403,7 @@ def _attribute_args(args, op: str) -> dict:
 
 def cmd_apply(args, op: str) -> int:
     from ._opspec import NEWEST_OPSET, get_spec
-    from ._run_op import run_op
+    from ._registry import run_op
     from .writers import read_npz, to_storage
 
     command = args.command

@@ -50,7 +50,7 @@ import numpy as np
 
 from ._dtypes import ELEMENT_TYPES, ElementType, element_type
 from ._opspec import GRANULARITIES, OP_VERSIONS, get_spec
-from ._run_op import run_op
+from ._registry import run_op
 
 DEFAULT_SEED = 0
 DEFAULT_SIZE = 64

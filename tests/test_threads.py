@@ -1,7 +1,7 @@
 """The optimized kernel paths give the same bits whatever runs them.
 
 Every result here is compared bit for bit with one computed by the kernels' general scalar
-path on one thread at the baseline instruction-set level (`qemu_q._ops._FAST_KERNELS =
+path on one thread at the baseline instruction-set level (`qemu_q._dispatch.FAST_KERNELS =
 False` forces that path; tests/test_kernels.py checks it against a naive reference), over:
 
 - n_threads 1, 2 and 8;
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import qemu_q
-from qemu_q import _kernels, _ops
+from qemu_q import _dispatch, _kernels
 
 THREADS = [1, 2, 8]
 LEVELS = _kernels.available_levels()
@@ -77,10 +77,10 @@ def assert_same_bits(got, expected, what):
 
 @pytest.fixture
 def restore_kernels():
-    level, fast = _kernels.active.level, _ops._FAST_KERNELS
+    level, fast = _kernels.active.level, _dispatch.FAST_KERNELS
     yield
     _kernels.use(level)
-    _ops._FAST_KERNELS = fast
+    _dispatch.FAST_KERNELS = fast
 
 
 def _variants():
@@ -91,22 +91,22 @@ def _variants():
 
 def _reference(fn):
     _kernels.use("baseline")
-    _ops._FAST_KERNELS = False
+    _dispatch.FAST_KERNELS = False
     try:
         return fn(1)
     finally:
-        _ops._FAST_KERNELS = True
+        _dispatch.FAST_KERNELS = True
 
 
 def _check_all(fn, what):
     expected = _reference(fn)
     for level, fast, n in _variants():
         _kernels.use(level)
-        _ops._FAST_KERNELS = fast
+        _dispatch.FAST_KERNELS = fast
         try:
             got = fn(n)
         finally:
-            _ops._FAST_KERNELS = True
+            _dispatch.FAST_KERNELS = True
         assert_same_bits(got, expected, f"{what} level={level} fast={fast} n_threads={n}")
     return expected
 

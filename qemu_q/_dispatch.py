@@ -1,0 +1,48 @@
+"""Step 5: from a plan's kernel path to the kernel entry that runs it.
+
+A plan names its path once (decided when it is built); this table is the only place that
+maps a path to a function of the kernel modules, for the instruction-set level loaded in
+qemu_q._kernels. Kernel entries take the arrays, the plan's kernel configuration and the
+thread count.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from . import _kernels, _packing
+
+
+class Path(Enum):
+    QUANTIZE = "quantize"                    # one code per element (or whole-byte raw_data)
+    QUANTIZE_PACKED = "quantize_packed"      # sub-byte codes into raw_data, fused
+    DEQUANTIZE = "dequantize"
+    DEQUANTIZE_PACKED = "dequantize_packed"  # sub-byte raw_data, unpacked on the fly
+    PACK = "pack"
+    UNPACK = "unpack"
+
+
+# path -> (kernel family in qemu_q._kernels.KernelSet, or None for the level-independent
+# modules; entry name)
+KERNEL_ENTRIES = {
+    Path.QUANTIZE: ("quantize", "quantize"),
+    Path.QUANTIZE_PACKED: ("quantize", "quantize_packed"),
+    Path.DEQUANTIZE: ("dequantize", "dequantize"),
+    Path.DEQUANTIZE_PACKED: ("dequantize", "dequantize_packed"),
+    Path.PACK: (None, "pack"),
+    Path.UNPACK: (None, "unpack"),
+}
+
+# False forces the kernels' general scalar paths (the tests compare both); read when a
+# call converts its parameters and picks its kernel configuration.
+FAST_KERNELS = True
+
+
+def entry(path: Path):
+    family, name = KERNEL_ENTRIES[path]
+    module = _packing if family is None else getattr(_kernels.active, family)
+    return getattr(module, name)
+
+
+def run(path: Path, *args):
+    return entry(path)(*args)

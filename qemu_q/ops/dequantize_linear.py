@@ -1,0 +1,170 @@
+"""DequantizeLinear (10, 13, 19, 21, 23, 24, 25, 28): y = (x - x_zero_point) * x_scale,
+rounded once to the output type."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .. import _coerce, _dequantize, _dispatch
+from .._buffers import (
+    LITTLE_ENDIAN, finish_output, flat_storage, kernel_output, packed_input, prepare_output,
+)
+from .._dispatch import Path
+from .._dtypes import ELEMENT_TYPES, FMT_FLOAT32, ElementType, array_element_type
+from .._opspec import get_spec, normalize_opset
+from .._params import check_zero_point_values, kernel_parameters
+from .._registry import register
+from .._rules import dequantize_output_type, label, multiplication_precision
+from .._threads import in_default_fp_environment, resolve_threads
+from .._validate import (
+    ArraySpec, Granularity, cached_plan, check_attribute, check_type, resolve_granularity,
+)
+
+
+@lru_cache(maxsize=None)
+def decode_table(type_name: str) -> np.ndarray:
+    """float32 value of each of the 256 one-per-byte codes of an 8-bit-stored type."""
+    etype = ELEMENT_TYPES[type_name]
+    if etype.kind == "small_float":
+        table = _dequantize.decode_table(etype.small_float_id)
+    else:
+        table = etype.code_values(np.arange(256)).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+@dataclass(frozen=True)
+class DequantizePlan:
+    label: str
+    x_type: ElementType
+    out_type: ElementType
+    gran: Granularity
+    table: np.ndarray
+    integer_bits: int
+    integer_signed: bool
+    small_float_id: int
+    float32_parameters: bool
+
+    def kernel_config(self, n_threads: int) -> tuple:
+        g = self.gran
+        return (g.outer, g.axis_len, g.inner, g.kind, g.block_size, self.table,
+                self.out_type.value_format, n_threads, self.integer_bits, self.integer_signed,
+                self.small_float_id, _dispatch.FAST_KERNELS)
+
+
+@lru_cache(maxsize=512)
+def dequantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec | None, axis,
+                    block_size, output_dtype) -> DequantizePlan:
+    # As quantize_plan: validated once per signature.
+    spec = get_spec("DequantizeLinear", opset)
+    opset = spec.since_version if opset is None else opset
+    where = label(spec, opset)
+    check_attribute(spec, opset, "block_size", block_size, 0)
+    check_attribute(spec, opset, "output_dtype", output_dtype, None)
+
+    x_type = array_element_type(x, "x")
+    scale_type = array_element_type(scale, "x_scale")
+    check_type(spec, opset, "x", x_type)
+    check_type(spec, opset, "x_scale", scale_type)
+    if zero_point is not None:
+        zp_type = array_element_type(zero_point, "x_zero_point")
+        if zp_type is not x_type:
+            raise TypeError(f"{where}: x_zero_point must have the type of x ({x_type.name}), got {zp_type.name}")
+
+    out_type = dequantize_output_type(spec, output_dtype, scale_type)
+    if output_dtype is not None:
+        check_type(spec, opset, "y", out_type)
+    # The kernels round the exact product once, to the output type: the multiplication's
+    # precision must be that type.
+    if multiplication_precision(spec, output_dtype, scale_type) is not out_type:
+        raise AssertionError(f"{where}: multiplication precision differs from the output type")
+
+    gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
+                               "x_scale", "x_zero_point")
+    # 16- and 32-bit codes are decoded arithmetically; the table is unused there.
+    table = decode_table(x_type.name if x_type.storage.itemsize == 1 else "uint8")
+    return DequantizePlan(
+        where, x_type, out_type, gran, table,
+        # Integer codes of 8 bits or fewer, and small floats, are decoded on their bits.
+        x_type.bits if x_type.kind == "integer" and x_type.bits <= 8 else 0,
+        x_type.kind == "integer" and x_type.lo < 0,
+        x_type.small_float_id if x_type.kind == "small_float" else -1,
+        # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there).
+        out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2,
+    )
+
+
+@in_default_fp_environment
+def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
+                      opset=None, out=None, packed=False, dtype=None, shape=None,
+                      n_threads=None) -> np.ndarray:
+    """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
+
+    `opset` selects the version (None: 28). The output type is float32 (10, 13), the
+    scale's type (19, 21), or `output_dtype` / the scale's type (23+).
+
+    `out` receives the result (no allocation). With `packed=True`, x is the ONNX raw_data
+    of the codes (bytes or a uint8 array, as `pack` gives and `quantize_linear(...,
+    packed=True)` returns): `shape` is the shape of x and `dtype` its element type (or
+    x_zero_point's type); sub-byte codes are unpacked piece by piece, never as a whole
+    array. `n_threads` overrides the default thread count; the bits never depend on it.
+    """
+    scale = _coerce.as_array(x_scale, "x_scale")
+    zero_point = _coerce.optional_array(x_zero_point, "x_zero_point")
+    packed = _coerce.flag(packed, "packed")
+    opset = normalize_opset(opset)
+    raw = None
+    if packed:
+        x_type, x_shape, raw = packed_input(x, dtype, shape, zero_point,
+                                            label(get_spec("DequantizeLinear", opset), opset))
+        if x_type.packed:
+            x = None  # read from raw by the packed kernel
+        elif LITTLE_ENDIAN:
+            x = raw.view(x_type.dtype).reshape(x_shape)  # whole-byte types: a view
+        else:
+            x = raw.view(x_type.dtype.newbyteorder("<")).astype(x_type.dtype).reshape(x_shape)
+        x_spec = ArraySpec(x_type.dtype, x_shape)
+    else:
+        if dtype is not None or shape is not None:
+            where = label(get_spec("DequantizeLinear", opset), opset)
+            raise TypeError(f"{where}: dtype= and shape= describe packed input; pass packed=True")
+        x = _coerce.as_array(x, "x")
+        x_spec = ArraySpec(x.dtype, x.shape)
+    plan = cached_plan(dequantize_plan, (
+        opset, x_spec, ArraySpec(scale.dtype, scale.shape),
+        None if zero_point is None else ArraySpec(zero_point.dtype, zero_point.shape),
+        _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
+        _coerce.output_dtype(output_dtype),
+    ))
+    x_type, out_type = plan.x_type, plan.out_type
+    size = x_spec.size
+    n_threads = resolve_threads(n_threads, size)
+    # The output is checked before anything is converted or allocated.
+    y = prepare_output(out, x_spec.shape, out_type,
+                       [("x", x if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point)])
+    if size == 0:
+        return y
+    check_zero_point_values(zero_point, x_type, plan.label, "x_zero_point")
+    params = kernel_parameters(scale, zero_point, scale.size, 0.0, plan.float32_parameters,
+                               zero_point_int=False)[:4]
+    config = plan.kernel_config(n_threads)
+    storage = y.reshape(-1).view(out_type.storage)
+    written = kernel_output(storage)
+    if x is None:
+        _dispatch.run(Path.DEQUANTIZE_PACKED, raw, x_type.bits, size, *params, written, *config)
+    else:
+        g = plan.gran
+        _dispatch.run(Path.DEQUANTIZE, flat_storage(x, x_type), *params, written,
+                      g.outer, g.axis_len, g.inner, g.kind, g.block_size, plan.table,
+                      x_type.name == "int16", *config[6:])
+    finish_output(storage, written)
+    return y
+
+
+@register("DequantizeLinear")
+def _run_node(inputs, attributes, opset):
+    return [dequantize_linear(*inputs, opset=opset, **attributes)]
