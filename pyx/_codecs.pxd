@@ -40,6 +40,14 @@ cdef enum CodeKind:
     CODE_SMALL_FLOAT = 1
 
 
+# How QuantizeLinear computes, decided once per plan (qemu_q/ops/quantize_linear.py):
+# the general scalar path, or a vectorized float32 one.
+cdef enum QuantizePath:
+    PATH_GENERAL = 0
+    PATH_F32_INTEGER = 1      # float32 x, float32 division, integer codes
+    PATH_F32_SMALL_FLOAT = 2  # float32 x, float32 division, 8-bit-stored small-float codes
+
+
 cdef enum SmallFloatId:
     SF_E4M3FN = 0
     SF_E4M3FNUZ = 1

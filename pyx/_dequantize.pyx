@@ -8,24 +8,21 @@
 
 import numpy as np
 
-from cython.parallel cimport parallel, threadid
 from libc.math cimport fabs, fma
 from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uintptr_t
 
 from _codecs cimport (
     y_storage_t, SmallFloatFormat, small_float_format, decode_small_float,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32, select_f32,
-    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, round_to_value_format,
+    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, SF_COUNT, round_to_value_format,
     pack_value_format,
 )
 from _layout cimport (
-    Layout, Segment, Cursor, BLOCKED, make_layout, check_layout, set_task_size, layout_tasks,
-    layout_parameters,
-    TaskQueue, task_queue_init, task_queue_claim,
-    cursor_at, next_segment,
+    Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
+    layout_tasks, layout_parameters, cursor_at, next_segment,
 )
+from _tasks cimport run_tasks
 from _subbyte cimport unpack_codes
-from _fpenv cimport fp_state, fp_enter, fp_leave
 from _memory cimport (
     stream_store, stream_fence, check_aligned, HAVE_STREAM, STREAM_MIN_BYTES, STREAM_PIECE,
 )
@@ -364,159 +361,200 @@ cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_stora
         stream_fence()
 
 
-cdef inline bint float32_parameters(Py_ssize_t code_size, int out_format) noexcept nogil:
-    # The float32 output loops of 8- and 16-bit codes read the float32 parameters.
-    return code_size <= 2 and out_format == FMT_FLOAT32
+# The parameter pointers of a call that its path does not read point here, so that no
+# loop ever forms an address from NULL.
+cdef double NO_DOUBLE[1]
+cdef float NO_FLOAT[1]
 
 
-cdef int check_parameters(const Layout* L, bint float32, Py_ssize_t n_scale, Py_ssize_t n_zero_point,
-                          Py_ssize_t n_scale32, Py_ssize_t n_zero_point32) except -1:
-    cdef Py_ssize_t needed = layout_parameters(L)
-    if float32:
-        if n_scale32 < needed or n_zero_point32 < needed:
+cdef class DequantizeConfig:
+    """How a DequantizeLinear plan computes: built once per plan
+    (qemu_q/ops/dequantize_linear.py), checked here, passed to every call of the plan with
+    its arrays. Keyword arguments only.
+
+    Codes x (flattened, C order) are viewed as outer x axis_len x inner, stored in
+    `code_size` bytes (1, 2 or 4: int32), or packed `code_bits` wide. 8-bit codes are
+    decoded through `table` (256 values), or, for an integer type of `integer_bits` <= 8
+    bits or the small float `small_float_id` (>= 0), on their bits (`fast`); 16-bit codes
+    are int16 when `signed16`. The output holds float32 values or float16/bfloat16 bit
+    patterns (`out_format`). A call passes float32 scales and zero points when
+    `float32_parameters` (float32 outputs of 8- and 16-bit codes: exact there), float64
+    ones otherwise.
+    """
+    cdef DequantizePlan plan
+    cdef const float[::1] table_values
+    cdef readonly int code_size
+    cdef readonly int code_bits
+    cdef readonly bint float32_parameters
+
+    def __init__(self, *, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner, int granularity,
+                 Py_ssize_t block_size, const float[::1] table not None, int code_size, int code_bits,
+                 int integer_bits, bint integer_signed, int small_float_id, bint signed16,
+                 int out_format, bint fast, bint float32_parameters):
+        if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
+            raise ValueError(f"granularity {granularity} is not one of the layout's")
+        if table.shape[0] != 256:
+            raise ValueError("the decode table needs 256 values")
+        if code_size not in (1, 2, 4) or code_bits not in (2, 4, 6, 8, 16, 32):
+            raise ValueError(f"codes of {code_size} bytes, {code_bits} bits are not a storage")
+        if not 0 <= integer_bits <= 8 or not -1 <= small_float_id < SF_COUNT:
+            raise ValueError(f"integer_bits {integer_bits}, small_float_id {small_float_id}")
+        if out_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16):
+            raise ValueError(f"out_format {out_format} is not an output format")
+        if float32_parameters != (code_size <= 2 and out_format == FMT_FLOAT32):
+            raise ValueError("float32 parameters are read by float32 outputs of 8- and 16-bit codes")
+        if outer < 0 or axis_len < 0 or inner < 0:
+            raise ValueError("outer, axis_len and inner must be >= 0")
+        if outer and inner and axis_len > (<Py_ssize_t>1 << 62) // outer // inner:
+            raise ValueError("the layout has more than 2**62 elements")
+        self.plan.layout = make_layout(outer * axis_len * inner, outer, axis_len, inner,
+                                       granularity, block_size)
+        check_layout(&self.plan.layout)
+        self.table_values = table
+        self.plan.table = &table[0]
+        self.plan.integer_bytes = 0 < integer_bits <= 8
+        self.plan.small_float_bytes = small_float_id >= 0
+        self.plan.decoder = small_float32_decoder(small_float_id if small_float_id >= 0 else 0)
+        self.plan.code_shift = 32 - integer_bits if self.plan.integer_bytes else 0
+        self.plan.code_signed = integer_signed
+        self.plan.signed16 = signed16
+        self.plan.out_format = out_format
+        self.plan.fast = fast
+        self.code_size = code_size
+        self.code_bits = code_bits
+        self.float32_parameters = float32_parameters
+
+    @property
+    def size(self):
+        return self.plan.layout.size
+
+
+cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero_point,
+                              Py_ssize_t size, Py_ssize_t out_itemsize, int n_threads) except *:
+    # The plan of one call: the config's, with this call's parameter arrays checked
+    # against the layout and attached, its tasks sized, its output streamed if large.
+    cdef DequantizePlan p = config.plan
+    cdef const double[::1] scale64, zero_point64
+    cdef const float[::1] scale32, zero_point32
+    cdef Py_ssize_t needed = layout_parameters(&p.layout)
+    if size != p.layout.size:
+        raise ValueError(f"x has {size} codes; the config's layout has {p.layout.size}")
+    p.scale = NO_DOUBLE
+    p.zero_point = NO_DOUBLE
+    p.scale32 = NO_FLOAT
+    p.zero_point32 = NO_FLOAT
+    if config.float32_parameters:
+        scale32 = scale
+        zero_point32 = zero_point
+        if scale32.shape[0] < needed or zero_point32.shape[0] < needed:
             raise ValueError(f"float32 outputs need {needed} float32 scales and zero points")
-    elif n_scale < needed or n_zero_point < needed:
-        raise ValueError(f"this output needs {needed} float64 scales and zero points")
+        p.scale32 = &scale32[0]
+        p.zero_point32 = &zero_point32[0]
+    else:
+        scale64 = scale
+        zero_point64 = zero_point
+        if scale64.shape[0] < needed or zero_point64.shape[0] < needed:
+            raise ValueError(f"this output needs {needed} float64 scales and zero points")
+        p.scale = &scale64[0]
+        p.zero_point = &zero_point64[0]
+    set_task_size(&p.layout, n_threads)
+    p.stream = HAVE_STREAM and size * out_itemsize >= STREAM_MIN_BYTES
+    # Not for blocks along the last axis: their short runs are better gathered in L1.
+    p.stream_direct = (p.stream and HAVE_STREAM_VALUES and p.integer_bytes and p.fast
+                       and p.out_format == FMT_FLOAT32
+                       and not (p.layout.granularity == BLOCKED and p.layout.inner == 1))
+    return p
+
+
+cdef struct DequantizeWork:
+    # One call, as its tasks see it (see QuantizeWork in _quantize.pyx).
+    const void* x
+    void* y
+    int x_size                # sizeof the code storage: 1, 2 or 4
+    int y_size                # sizeof the output storage: 4 float32, 2 float16/bfloat16
+    int bits                  # > 0: x is the packed input of codes this wide
+    const DequantizePlan* plan
+
+
+cdef inline void run_y_task(y_storage_t* y, const DequantizeWork* w, Py_ssize_t task) noexcept nogil:
+    if w.bits:
+        dequantize_packed_task(<const uint8_t*>w.x, w.bits, y, w.plan, task)
+    elif w.x_size == 1:
+        dequantize_task(<const uint8_t*>w.x, y, w.plan, task)
+    elif w.x_size == 2:
+        dequantize_task(<const uint16_t*>w.x, y, w.plan, task)
+    else:
+        dequantize_task(<const int32_t*>w.x, y, w.plan, task)
+
+
+cdef void dequantize_work_task(const void* work, Py_ssize_t task) noexcept nogil:
+    cdef const DequantizeWork* w = <const DequantizeWork*>work
+    if w.y_size == 4:
+        run_y_task(<float*>w.y, w, task)
+    else:
+        run_y_task(<uint16_t*>w.y, w, task)
+
+
+cdef int check_out_storage(int out_format, bint is_float) except -1:
+    if is_float != (out_format == FMT_FLOAT32):
+        raise ValueError(f"out's storage does not hold out_format {out_format}")
     return 0
 
 
-cdef DequantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
-                              const float[::1] scale32, const float[::1] zero_point32,
-                              Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
-                              int granularity, Py_ssize_t block_size, const float[::1] table,
-                              int integer_bits, bint integer_signed, int small_float_id,
-                              bint signed16, int out_format, bint fast, Py_ssize_t out_itemsize):
-    cdef DequantizePlan p
-    p.layout = make_layout(size, outer, axis_len, inner, granularity, block_size)
-    p.table = &table[0]
-    p.integer_bytes = 0 < integer_bits <= 8
-    p.small_float_bytes = small_float_id >= 0
-    p.decoder = small_float32_decoder(small_float_id if small_float_id >= 0 else 0)
-    p.code_shift = 32 - integer_bits if p.integer_bytes else 0
-    p.code_signed = integer_signed
-    p.signed16 = signed16
-    p.out_format = out_format
-    p.fast = fast
-    p.stream = HAVE_STREAM and size * out_itemsize >= STREAM_MIN_BYTES
-    # Not for blocks along the last axis: their short runs are better gathered in L1.
-    p.stream_direct = (p.stream and HAVE_STREAM_VALUES and p.integer_bytes and fast
-                       and out_format == FMT_FLOAT32
-                       and not (granularity == BLOCKED and inner == 1))
-    p.scale = &scale[0]
-    p.zero_point = &zero_point[0]
-    p.scale32 = &scale32[0]
-    p.zero_point32 = &zero_point32[0]
-    return p
-
-
-cdef inline void run_tasks(const dq_code_t* x, int bits, y_storage_t* y, const DequantizePlan* p,
-                           int n_threads) noexcept nogil:
-    # Every task of the call, on the thread team's task queue (_layout.pxd). bits > 0:
-    # x is the packed input (dq_code_t is uint8_t).
-    cdef Py_ssize_t task
-    cdef Py_ssize_t n_tasks = layout_tasks(&p.layout)
-    cdef TaskQueue queue
-    cdef int home
-    cdef fp_state fp
-    cdef int team = <int>min(<Py_ssize_t>n_threads, n_tasks)
-    if team > 1:
-        task_queue_init(&queue, n_tasks, team)
-        with parallel(num_threads=team):
-            fp = fp_enter()
-            home = threadid()
-            task = task_queue_claim(&queue, home)
-            while task >= 0:
-                if bits:
-                    dequantize_packed_task(<const uint8_t*>x, bits, y, p, task)
-                else:
-                    dequantize_task(x, y, p, task)
-                task = task_queue_claim(&queue, home)
-            fp_leave(fp)
-    else:
-        fp = fp_enter()
-        for task in range(n_tasks):
-            if bits:
-                dequantize_packed_task(<const uint8_t*>x, bits, y, p, task)
-            else:
-                dequantize_task(x, y, p, task)
-        fp_leave(fp)
-
-
-cdef DequantizePlan checked_plan(Py_ssize_t size, Py_ssize_t code_size, const double[::1] scale,
-                                 const double[::1] zero_point, const float[::1] scale32,
-                                 const float[::1] zero_point32, Py_ssize_t outer, Py_ssize_t axis_len,
-                                 Py_ssize_t inner, int granularity, Py_ssize_t block_size,
-                                 const float[::1] table, int integer_bits, bint integer_signed,
-                                 int small_float_id, bint signed16, int out_format, bint fast,
-                                 Py_ssize_t out_itemsize, int n_threads) except *:
-    # The plan of a call, its parameter arrays checked against its layout, its tasks sized.
-    cdef DequantizePlan p = make_plan(size, scale, zero_point, scale32, zero_point32, outer,
-                                      axis_len, inner, granularity, block_size, table,
-                                      integer_bits, integer_signed, small_float_id, signed16,
-                                      out_format, fast, out_itemsize)
-    check_layout(&p.layout)
-    if table.shape[0] < 256:
-        raise ValueError("the decode table needs 256 values")
-    check_parameters(&p.layout, float32_parameters(code_size, out_format),
-                     scale.shape[0], zero_point.shape[0], scale32.shape[0], zero_point32.shape[0])
-    set_task_size(&p.layout, n_threads)
-    return p
-
-
-def dequantize(const dq_code_t[::1] x, const double[::1] scale, const double[::1] zero_point,
-               const float[::1] scale32, const float[::1] zero_point32, y_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
-               int granularity, Py_ssize_t block_size, const float[::1] table, bint signed16,
-               int out_format, int n_threads, int integer_bits=0, bint integer_signed=False,
-               int small_float_id=-1, bint fast=True):
-    """Dequantize codes x (flattened, C order, outer x axis_len x inner) into `out`.
-
-    8-bit codes are decoded through `table` (256 values), or, for an integer type of
-    `integer_bits` <= 8 bits or the small float `small_float_id` (>= 0), on their bits;
-    16-bit codes are int16 when `signed16`.
-    `out` holds float32 values or float16/bfloat16 bit patterns (out_format). scale and
-    zero_point are float64 for the general path (int32 codes, float16/bfloat16 outputs);
-    float32 outputs from 8- and 16-bit codes read scale32 and zero_point32 instead (the
-    same values: exact there). The arrays a call does not read may hold a single
-    placeholder value. `fast=False` forces the table and the general loops (tests
-    compare the two). The kernel allocates nothing.
-    """
+def dequantize(const dq_code_t[::1] x, scale, zero_point, y_storage_t[::1] out,
+               DequantizeConfig config not None, int n_threads):
+    """Dequantize codes x (flattened, C order) into `out` as `config` says; scale and
+    zero_point are float32 when config.float32_parameters, else float64. The kernel
+    allocates nothing."""
     cdef Py_ssize_t size = x.shape[0]
     cdef DequantizePlan p
+    cdef DequantizeWork work
     if size == 0:
         return
     if out.shape[0] != size:
         raise ValueError(f"out has {out.shape[0]} elements; x has {size}")
+    if sizeof(dq_code_t) != config.code_size:
+        raise ValueError(f"x's storage has {sizeof(dq_code_t)}-byte codes; the config's {config.code_size}")
+    check_out_storage(config.plan.out_format, y_storage_t is float)
     check_aligned(&x[0], sizeof(dq_code_t), "x")
     check_aligned(&out[0], sizeof(y_storage_t), "out")
-    p = checked_plan(size, sizeof(dq_code_t), scale, zero_point, scale32, zero_point32, outer,
-                     axis_len, inner, granularity, block_size, table, integer_bits, integer_signed,
-                     small_float_id, signed16, out_format, fast, sizeof(y_storage_t), n_threads)
+    p = call_plan(config, scale, zero_point, size, sizeof(y_storage_t), n_threads)
+    work.x = &x[0]
+    work.y = &out[0]
+    work.x_size = sizeof(dq_code_t)
+    work.y_size = sizeof(y_storage_t)
+    work.bits = 0
+    work.plan = &p
     with nogil:
-        run_tasks(&x[0], 0, &out[0], &p, n_threads)
+        run_tasks(dequantize_work_task, &work, layout_tasks(&p.layout), n_threads)
 
 
-def dequantize_packed(const uint8_t[::1] packed, int bits, Py_ssize_t size, const double[::1] scale,
-                      const double[::1] zero_point, const float[::1] scale32,
-                      const float[::1] zero_point32, y_storage_t[::1] out, Py_ssize_t outer,
-                      Py_ssize_t axis_len, Py_ssize_t inner, int granularity, Py_ssize_t block_size,
-                      const float[::1] table, int out_format, int n_threads, int integer_bits=0,
-                      bint integer_signed=False, int small_float_id=-1, bint fast=True):
-    """As `dequantize`, reading `size` codes of `bits` bits (2, 4 or 6) from the ONNX
-    raw_data layout in `packed`."""
+def dequantize_packed(const uint8_t[::1] packed, scale, zero_point, y_storage_t[::1] out,
+                      DequantizeConfig config not None, int n_threads):
+    """As `dequantize`, reading out.shape[0] codes of config.code_bits bits (2, 4 or 6)
+    from the ONNX raw_data layout in `packed`."""
+    cdef Py_ssize_t size = out.shape[0]
+    cdef int bits = config.code_bits
     cdef DequantizePlan p
+    cdef DequantizeWork work
     if size == 0:
         return
-    if bits not in (2, 4, 6):
-        raise ValueError(f"bits must be 2, 4 or 6, not {bits}")
-    if out.shape[0] != size or packed.shape[0] != (size * bits + 7) // 8:
-        raise ValueError(f"{size} codes of {bits} bits take {(size * bits + 7) // 8} bytes and "
-                         f"{size} outputs; got {packed.shape[0]} and {out.shape[0]}")
+    if bits not in (2, 4, 6) or config.code_size != 1:
+        raise ValueError(f"packed codes are 2, 4 or 6 bits wide, one per byte unpacked; not {bits}")
+    if packed.shape[0] != (size * bits + 7) // 8:
+        raise ValueError(f"{size} codes of {bits} bits take {(size * bits + 7) // 8} bytes; "
+                         f"got {packed.shape[0]}")
+    check_out_storage(config.plan.out_format, y_storage_t is float)
     check_aligned(&out[0], sizeof(y_storage_t), "out")
-    p = checked_plan(size, 1, scale, zero_point, scale32, zero_point32, outer, axis_len, inner,
-                     granularity, block_size, table, integer_bits, integer_signed, small_float_id,
-                     False, out_format, fast, sizeof(y_storage_t), n_threads)
+    p = call_plan(config, scale, zero_point, size, sizeof(y_storage_t), n_threads)
+    work.x = &packed[0]
+    work.y = &out[0]
+    work.x_size = 1
+    work.y_size = sizeof(y_storage_t)
+    work.bits = bits
+    work.plan = &p
     with nogil:
-        run_tasks(&packed[0], bits, &out[0], &p, n_threads)
+        run_tasks(dequantize_work_task, &work, layout_tasks(&p.layout), n_threads)
 
 
 def decode_table(int small_float_id):

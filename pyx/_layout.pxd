@@ -1,16 +1,12 @@
-# How a kernel splits a tensor into tasks for the thread team, and each task into segments:
-# contiguous runs of elements whose scale and zero point are either one value or a
-# contiguous run of values. Shared by the quantize and dequantize kernels.
+# How a kernel splits a tensor into tasks for the thread team (_tasks.pxd runs them), and
+# each task into segments: contiguous runs of elements whose scale and zero point are
+# either one value or a contiguous run of values. Shared by the quantize and dequantize
+# kernels.
 #
 # A task is a flat range of element indices. Every element is computed on its own, so
 # the bits never depend on where the ranges fall, on the thread count, or on which thread
-# takes which task. The thread team takes tasks from a TaskQueue (below): each thread
-# streams through its own contiguous share first, then helps with what is left of the
-# others, so that a thread the OS preempts on a busy machine holds up the call by one
-# task at most (a static split, or OpenMP's 'guided' whose first grab is half the work,
-# made a 2-thread call wait out a 10 ms scheduler slice). A cursor walks a task segment by
-# segment with additions only, so that short segments (blocks of 32, rows of a few
-# channels) do not pay a division each.
+# takes which task. A cursor walks a task segment by segment with additions only, so that
+# short segments (blocks of 32, rows of a few channels) do not pay a division each.
 
 cdef enum:
     # Elements per task: from MIN_TASK to MAX_TASK, aiming at 4 tasks per thread (see
@@ -21,13 +17,6 @@ cdef enum:
     # 4 per byte, 4 codes in 3 bytes) and on whole pack/unpack buffers.
     MIN_TASK = 16384
     MAX_TASK = 131072
-    # The tests straddle this boundary too (the old fixed task size).
-    RUN_CHUNK = 32768
-
-cdef enum:
-    # Threads the task queue splits the tasks for; larger teams share the last ranges.
-    MAX_RANGES = 64
-
 
 cdef enum Granularity:
     PER_TENSOR = 0
@@ -215,53 +204,3 @@ cdef inline bint next_segment(const Layout* L, Cursor* c, Segment* s) noexcept n
         c.in_block = 0
         c.block += 1
     return True
-
-
-# The thread team's task queue: the tasks are split into one contiguous range per thread,
-# each with an atomic counter. A thread takes the tasks of its own range in order, so that
-# it streams through one contiguous run of memory as a static split would (two threads
-# taking interleaved tasks ran up to 1.6x slower on large tensors); once its range is
-# drained it takes what is left of the others, so that a thread the OS preempts holds up
-# the call by one task at most, as a dynamic schedule would.
-cdef extern from *:
-    """
-    #if defined(_MSC_VER)
-    #include <intrin.h>
-    static inline Py_ssize_t qemu_q_claim(Py_ssize_t *counter) {
-        return (Py_ssize_t)_InterlockedExchangeAdd64((volatile __int64 *)counter, 1);
-    }
-    #else
-    static inline Py_ssize_t qemu_q_claim(Py_ssize_t *counter) {
-        return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
-    }
-    #endif
-    """
-    Py_ssize_t atomic_claim "qemu_q_claim" (Py_ssize_t* counter) noexcept nogil
-
-
-cdef struct TaskQueue:
-    int n_ranges
-    Py_ssize_t next[MAX_RANGES]   # the next task of each range (claimed atomically)
-    Py_ssize_t stop[MAX_RANGES]   # one past its last task
-
-
-cdef inline void task_queue_init(TaskQueue* q, Py_ssize_t n_tasks, int n_threads) noexcept nogil:
-    cdef int r
-    q.n_ranges = max(1, min(n_threads, <int>MAX_RANGES))
-    for r in range(q.n_ranges):
-        q.next[r] = n_tasks * r // q.n_ranges
-        q.stop[r] = n_tasks * (r + 1) // q.n_ranges
-
-
-cdef inline Py_ssize_t task_queue_claim(TaskQueue* q, int home) noexcept nogil:
-    # The next task for the thread whose own range is `home`, or -1 when none is left.
-    # A counter may run past its range's stop: harmless, it is only compared.
-    cdef int k, r
-    cdef Py_ssize_t task
-    for k in range(q.n_ranges):
-        r = (home + k) % q.n_ranges
-        if q.next[r] < q.stop[r]:
-            task = atomic_claim(&q.next[r])
-            if task < q.stop[r]:
-                return task
-    return -1

@@ -78,3 +78,24 @@ cdef class DefaultFloatingPoint:
     def __exit__(self, exc_type, exc, traceback):
         fp_leave(self.saved)
         return False
+
+
+# The kernels' enumerations, exported once from their .pxd definitions: the Python layer
+# (qemu_q/_dtypes.py, the plans) reads them from here instead of copying the numbers.
+from _codecs cimport (
+    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT,
+    SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ, SF_E2M1, SF_E2M3, SF_E3M2,
+    PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT,
+)
+from _layout cimport PER_TENSOR, PER_AXIS, BLOCKED
+
+ENUMS = {
+    "FMT_FLOAT32": FMT_FLOAT32, "FMT_FLOAT16": FMT_FLOAT16, "FMT_BFLOAT16": FMT_BFLOAT16,
+    "FMT_INT32": FMT_INT32,
+    "CODE_INTEGER": CODE_INTEGER, "CODE_SMALL_FLOAT": CODE_SMALL_FLOAT,
+    "SF_E4M3FN": SF_E4M3FN, "SF_E4M3FNUZ": SF_E4M3FNUZ, "SF_E5M2": SF_E5M2,
+    "SF_E5M2FNUZ": SF_E5M2FNUZ, "SF_E2M1": SF_E2M1, "SF_E2M3": SF_E2M3, "SF_E3M2": SF_E3M2,
+    "PATH_GENERAL": PATH_GENERAL, "PATH_F32_INTEGER": PATH_F32_INTEGER,
+    "PATH_F32_SMALL_FLOAT": PATH_F32_SMALL_FLOAT,
+    "PER_TENSOR": PER_TENSOR, "PER_AXIS": PER_AXIS, "BLOCKED": BLOCKED,
+}

@@ -7,24 +7,22 @@
 # codes, small-float codes) that the compiler vectorizes; everything else goes through the
 # general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
 
-from cython.parallel cimport parallel, threadid
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uintptr_t
 
 from _layout cimport (
-    Layout, Segment, Cursor, PER_TENSOR, BLOCKED, make_layout, check_layout, set_task_size, layout_tasks,
-    layout_parameters,
-    TaskQueue, task_queue_init, task_queue_claim,
-    cursor_at, next_segment,
+    Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
+    layout_tasks, layout_parameters, cursor_at, next_segment,
 )
+from _tasks cimport run_tasks
 from _codecs cimport (
     x_storage_t, code_storage_t, SmallFloatFormat, small_float_format,
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
-    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT,
+    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT, SF_COUNT,
+    PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT,
     float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_biased, saturate_biased, encode_small_float, ROUND_MAGIC_BITS,
 )
 from _subbyte cimport pack_codes
-from _fpenv cimport fp_state, fp_enter, fp_leave
 from _memory cimport prefetch, stream_fence, check_aligned, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES
 
 cdef enum:
@@ -104,12 +102,6 @@ cdef extern from *:
         const float* x, void* y, Py_ssize_t n, int code_size, float scale, int32_t biased_lo,
         int32_t biased_hi, int32_t offset, int32_t mask) noexcept nogil
     enum: HAVE_STREAM_CODES "QEMU_Q_HAVE_STREAM_CODES"
-
-
-cdef enum Path:
-    PATH_GENERAL = 0
-    PATH_F32_INTEGER = 1      # float32 x, float32 division, integer codes
-    PATH_F32_SMALL_FLOAT = 2  # float32 x, float32 division, 8-bit-stored small-float codes
 
 
 cdef struct QuantizePlan:
@@ -466,104 +458,159 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
         piece = piece_end
 
 
-cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
-                            const float[::1] scale32, const float[::1] zero_point32,
-                            const int32_t[::1] zero_point_int, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
-                            int granularity, Py_ssize_t block_size, int x_format, int precision,
-                            bint fast_divide, int code_kind, double lo, double hi, int mask,
-                            int small_float_id, bint saturate, int path):
-    cdef QuantizePlan p
-    p.layout = make_layout(size, outer, axis_len, inner, granularity, block_size)
-    p.x_format = x_format
-    p.precision = precision
-    p.fast_divide = fast_divide
-    p.code_kind = code_kind
-    p.lo = <float>lo
-    p.hi = <float>hi
-    p.mask = mask
-    p.saturate = saturate
-    p.small_float = small_float_format(small_float_id if code_kind != CODE_INTEGER else 0)
-    p.encoder = small_float32_encoder(small_float_id if code_kind != CODE_INTEGER else 0, saturate)
-    p.scale = &scale[0]
-    p.zero_point = &zero_point[0]
-    p.scale32 = &scale32[0]
-    p.zero_point32 = &zero_point32[0]
-    p.zero_point_int = &zero_point_int[0]
-    p.path = path
-    return p
+cdef class QuantizeConfig:
+    """How a QuantizeLinear plan computes: built once per plan (qemu_q/ops/quantize_linear.py),
+    checked here, then passed to every call of the plan with its arrays. Keyword
+    arguments only, so that no two integers can be swapped.
+
+    x (flattened, C order) is viewed as outer x axis_len x inner; the scale and zero point
+    hold one value per tensor, per axis index, or per block (outer x n_blocks x inner).
+    `path` says which parameter arrays a call passes: float64 scale and zero point
+    (PATH_GENERAL), float32 scale and int32 zero point (PATH_F32_INTEGER) or float32 both
+    (PATH_F32_SMALL_FLOAT). Integer codes are clamped to [lo, hi] and masked with
+    `mask`; small-float codes follow `small_float_id` and `saturate`; `code_bits` is the
+    width of a code in the packed ONNX layout.
+    """
+    cdef QuantizePlan plan
+    cdef readonly int code_bits
+
+    def __init__(self, *, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner, int granularity,
+                 Py_ssize_t block_size, int x_format, int precision, bint fast_divide, int code_kind,
+                 long long lo, long long hi, int mask, int small_float_id, bint saturate, int path,
+                 int code_bits):
+        if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
+            raise ValueError(f"granularity {granularity} is not one of the layout's")
+        if x_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32):
+            raise ValueError(f"x_format {x_format} is not a value format")
+        if precision not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16):
+            raise ValueError(f"precision {precision} is not a division precision")
+        if code_kind not in (CODE_INTEGER, CODE_SMALL_FLOAT):
+            raise ValueError(f"code_kind {code_kind} is not a code kind")
+        if not 0 <= small_float_id < SF_COUNT:
+            raise ValueError(f"small_float_id {small_float_id} is not a small-float format")
+        if path not in (PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT):
+            raise ValueError(f"path {path} is not a quantize path")
+        if (path != PATH_GENERAL and (x_format != FMT_FLOAT32 or not fast_divide)) or (
+                path == PATH_F32_INTEGER and code_kind != CODE_INTEGER) or (
+                path == PATH_F32_SMALL_FLOAT and code_kind != CODE_SMALL_FLOAT):
+            raise ValueError(f"path {path} does not fit x_format {x_format} and code_kind {code_kind}")
+        if code_kind == CODE_INTEGER and not (-32768 <= lo <= hi <= 65535):
+            raise ValueError(f"integer range [{lo}, {hi}] is not one of a 16-bit code")
+        if code_bits not in (2, 4, 6, 8, 16):
+            raise ValueError(f"code_bits {code_bits} is not a code width")
+        if outer < 0 or axis_len < 0 or inner < 0:
+            raise ValueError("outer, axis_len and inner must be >= 0")
+        if outer and inner and axis_len > (<Py_ssize_t>1 << 62) // outer // inner:
+            raise ValueError("the layout has more than 2**62 elements")
+        self.plan.layout = make_layout(outer * axis_len * inner, outer, axis_len, inner,
+                                       granularity, block_size)
+        check_layout(&self.plan.layout)
+        self.plan.path = path
+        self.plan.x_format = x_format
+        self.plan.precision = precision
+        self.plan.fast_divide = fast_divide
+        self.plan.code_kind = code_kind
+        self.plan.lo = <float>lo
+        self.plan.hi = <float>hi
+        self.plan.mask = mask
+        self.plan.saturate = saturate
+        self.plan.small_float = small_float_format(small_float_id if code_kind != CODE_INTEGER else 0)
+        self.plan.encoder = small_float32_encoder(small_float_id if code_kind != CODE_INTEGER else 0,
+                                                  saturate)
+        self.plan.stream = False
+        self.code_bits = code_bits
+
+    @property
+    def path(self):
+        return self.plan.path
+
+    @property
+    def size(self):
+        return self.plan.layout.size
 
 
-cdef int check_parameters(const Layout* L, bint float32_path, Py_ssize_t n_scale, Py_ssize_t n_zero_point,
-                          Py_ssize_t n_scale32, Py_ssize_t n_zero_point32, Py_ssize_t n_zero_point_int,
-                          bint integer_codes) except -1:
-    cdef Py_ssize_t needed = layout_parameters(L)
-    if float32_path:
-        if n_scale32 < needed or (n_zero_point_int if integer_codes else n_zero_point32) < needed:
-            raise ValueError(f"the float32 path needs {needed} float32 scales and zero points")
-    elif n_scale < needed or n_zero_point < needed:
-        raise ValueError(f"the general path needs {needed} float64 scales and zero points")
+cdef struct QuantizeWork:
+    # One call, as its tasks see it: the storage types of x and y by size, since a task
+    # function cannot be fused (the runner calls it through a plain pointer).
+    const void* x
+    void* y
+    int x_size                # sizeof the x storage: 4 float32 or int32 (x_format), 2
+    int y_size                # sizeof the code storage: 1 or 2
+    int bits                  # > 0: y is the packed output of codes this wide
+    const QuantizePlan* plan
+
+
+cdef inline void run_x_task(const x_storage_t* x, const QuantizeWork* w, Py_ssize_t task) noexcept nogil:
+    if w.bits:
+        quantize_packed_task(x, <uint8_t*>w.y, w.bits, w.plan, task)
+    elif w.y_size == 1:
+        quantize_task(x, <uint8_t*>w.y, w.plan, task)
+    else:
+        quantize_task(x, <uint16_t*>w.y, w.plan, task)
+
+
+cdef void quantize_work_task(const void* work, Py_ssize_t task) noexcept nogil:
+    cdef const QuantizeWork* w = <const QuantizeWork*>work
+    if w.x_size == 2:
+        run_x_task(<const uint16_t*>w.x, w, task)
+    elif w.plan.x_format == FMT_INT32:
+        run_x_task(<const int32_t*>w.x, w, task)
+    else:
+        run_x_task(<const float*>w.x, w, task)
+
+
+cdef int check_x_storage(int x_format, bint is_int32, bint is_uint16) except -1:
+    # x must be stored as the config's x_format says: tasks pick the storage from it.
+    if is_int32 != (x_format == FMT_INT32) or is_uint16 != (x_format in (FMT_FLOAT16, FMT_BFLOAT16)):
+        raise ValueError(f"x's storage does not hold x_format {x_format}")
     return 0
 
 
-cdef int choose_path(bint x_is_float32, bint fast_divide, int code_kind, bint byte_codes, bint fast):
-    if not (fast and x_is_float32 and fast_divide):
-        return PATH_GENERAL
-    if code_kind == CODE_INTEGER:
-        return PATH_F32_INTEGER
-    if byte_codes:
-        return PATH_F32_SMALL_FLOAT
-    return PATH_GENERAL
+# The parameter pointers of a call that its path does not read point here, so that no
+# loop ever forms an address from NULL.
+cdef double NO_DOUBLE[1]
+cdef float NO_FLOAT[1]
+cdef int32_t NO_INT32[1]
 
 
-cdef inline void run_tasks(const x_storage_t* x, code_storage_t* y, int bits, const QuantizePlan* p,
-                           int n_threads) noexcept nogil:
-    # Every task of the call, on the thread team's task queue (_layout.pxd). bits > 0:
-    # y is the packed output (code_storage_t is uint8_t).
-    cdef Py_ssize_t task
-    cdef Py_ssize_t n_tasks = layout_tasks(&p.layout)
-    cdef TaskQueue queue
-    cdef int home
-    cdef fp_state fp
-    cdef int team = <int>min(<Py_ssize_t>n_threads, n_tasks)
-    if team > 1:
-        task_queue_init(&queue, n_tasks, team)
-        with parallel(num_threads=team):
-            fp = fp_enter()
-            home = threadid()
-            task = task_queue_claim(&queue, home)
-            while task >= 0:
-                if bits:
-                    quantize_packed_task(x, <uint8_t*>y, bits, p, task)
-                else:
-                    quantize_task(x, y, p, task)
-                task = task_queue_claim(&queue, home)
-            fp_leave(fp)
+cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_point,
+                            Py_ssize_t size, Py_ssize_t streamed_bytes, int n_threads) except *:
+    # The plan of one call: the config's, with this call's parameter arrays checked
+    # against the layout and attached, and its tasks sized.
+    cdef QuantizePlan p = config.plan
+    cdef const double[::1] scale64, zero_point64
+    cdef const float[::1] scale32, zero_point32
+    cdef const int32_t[::1] zero_point_int
+    cdef Py_ssize_t needed = layout_parameters(&p.layout)
+    if size != p.layout.size:
+        raise ValueError(f"x has {size} elements; the config's layout has {p.layout.size}")
+    p.scale = NO_DOUBLE
+    p.zero_point = NO_DOUBLE
+    p.scale32 = NO_FLOAT
+    p.zero_point32 = NO_FLOAT
+    p.zero_point_int = NO_INT32
+    if p.path == PATH_GENERAL:
+        scale64 = scale
+        zero_point64 = zero_point
+        if scale64.shape[0] < needed or zero_point64.shape[0] < needed:
+            raise ValueError(f"the general path needs {needed} float64 scales and zero points")
+        p.scale = &scale64[0]
+        p.zero_point = &zero_point64[0]
     else:
-        fp = fp_enter()
-        for task in range(n_tasks):
-            if bits:
-                quantize_packed_task(x, <uint8_t*>y, bits, p, task)
-            else:
-                quantize_task(x, y, p, task)
-        fp_leave(fp)
-
-
-cdef QuantizePlan checked_plan(Py_ssize_t size, const double[::1] scale, const double[::1] zero_point,
-                               const float[::1] scale32, const float[::1] zero_point32,
-                               const int32_t[::1] zero_point_int, Py_ssize_t outer, Py_ssize_t axis_len,
-                               Py_ssize_t inner, int granularity, Py_ssize_t block_size, int x_format,
-                               int precision, bint fast_divide, int code_kind, double lo, double hi,
-                               int mask, int small_float_id, bint saturate, int path,
-                               Py_ssize_t streamed_bytes, int n_threads) except *:
-    # The plan of a call, its parameter arrays checked against its layout, its tasks sized.
-    cdef QuantizePlan p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int,
-                                    outer, axis_len, inner, granularity, block_size, x_format,
-                                    precision, fast_divide, code_kind, lo, hi, mask,
-                                    small_float_id, saturate, path)
-    check_layout(&p.layout)
-    check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
-                     scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
-                     p.path == PATH_F32_INTEGER)
+        scale32 = scale
+        if scale32.shape[0] < needed:
+            raise ValueError(f"the float32 path needs {needed} float32 scales")
+        p.scale32 = &scale32[0]
+        if p.path == PATH_F32_INTEGER:
+            zero_point_int = zero_point
+            if zero_point_int.shape[0] < needed:
+                raise ValueError(f"the float32 integer path needs {needed} int32 zero points")
+            p.zero_point_int = &zero_point_int[0]
+        else:
+            zero_point32 = zero_point
+            if zero_point32.shape[0] < needed:
+                raise ValueError(f"the float32 small-float path needs {needed} float32 zero points")
+            p.zero_point32 = &zero_point32[0]
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).
@@ -573,61 +620,57 @@ cdef QuantizePlan checked_plan(Py_ssize_t size, const double[::1] scale, const d
     return p
 
 
-def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
-             const float[::1] scale32, const float[::1] zero_point32,
-             const int32_t[::1] zero_point_int, code_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
-             int granularity, Py_ssize_t block_size, int x_format, int precision,
-             bint fast_divide, int code_kind, double lo, double hi, int mask,
-             int small_float_id, bint saturate, int n_threads, bint fast=True):
-    """Quantize x (flattened, C order, viewed as outer x axis_len x inner) into `out`.
-
-    scale and zero_point hold one value per tensor, per axis index, or per block
-    (outer x n_blocks x inner), as float64 for the general path; the float32 paths (x
-    float32 divided in float32, `fast`) read scale32 and zero_point32 / zero_point_int
-    instead (the same values: exact there). The arrays a call does not read may hold a
-    single placeholder value. Integer codes are clamped to [lo, hi] and masked with
-    `mask` (the storage of int4/int2 keeps only the low bits); small-float codes follow
-    `small_float_id` and `saturate`. `fast=False` forces the general scalar path (the
-    tests compare the two). The kernel allocates nothing.
-    """
+def quantize(const x_storage_t[::1] x, scale, zero_point, code_storage_t[::1] out,
+             QuantizeConfig config not None, int n_threads):
+    """Quantize x (flattened, C order) into `out`, one code per element, as `config` says;
+    scale and zero_point are the arrays of the config's path. The kernel allocates nothing."""
     cdef Py_ssize_t size = x.shape[0]
     cdef QuantizePlan p
+    cdef QuantizeWork work
     if size == 0:
         return
     if out.shape[0] != size:
         raise ValueError(f"out has {out.shape[0]} elements; x has {size}")
+    if config.plan.path != PATH_GENERAL and x_storage_t is not float:
+        raise ValueError("the float32 paths take float32 x")
+    check_x_storage(config.plan.x_format, x_storage_t is int32_t, x_storage_t is uint16_t)
     check_aligned(&x[0], sizeof(x_storage_t), "x")
     check_aligned(&out[0], sizeof(code_storage_t), "out")
-    p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
-                     inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
-                     lo, hi, mask, small_float_id, saturate,
-                     choose_path(x_storage_t is float, fast_divide, code_kind, code_storage_t is uint8_t, fast),
-                     size * sizeof(code_storage_t), n_threads)
+    p = call_plan(config, scale, zero_point, size, size * sizeof(code_storage_t), n_threads)
+    work.x = &x[0]
+    work.y = &out[0]
+    work.x_size = sizeof(x_storage_t)
+    work.y_size = sizeof(code_storage_t)
+    work.bits = 0
+    work.plan = &p
     with nogil:
-        run_tasks(&x[0], &out[0], 0, &p, n_threads)
+        run_tasks(quantize_work_task, &work, layout_tasks(&p.layout), n_threads)
 
 
-def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const double[::1] zero_point,
-                    const float[::1] scale32, const float[::1] zero_point32,
-                    const int32_t[::1] zero_point_int, uint8_t[::1] out, int bits, Py_ssize_t outer, Py_ssize_t axis_len,
-                    Py_ssize_t inner, int granularity, Py_ssize_t block_size, int x_format,
-                    int precision, bint fast_divide, int code_kind, double lo, double hi, int mask,
-                    int small_float_id, bint saturate, int n_threads, bint fast=True):
-    """As `quantize`, with the codes of `bits` bits (2, 4 or 6) packed into `out` in the
-    ONNX raw_data layout (ceil(n * bits / 8) bytes)."""
+def quantize_packed(const x_storage_t[::1] x, scale, zero_point, uint8_t[::1] out,
+                    QuantizeConfig config not None, int n_threads):
+    """As `quantize`, with the codes of config.code_bits bits (2, 4 or 6) packed into `out`
+    in the ONNX raw_data layout (ceil(n * bits / 8) bytes)."""
     cdef Py_ssize_t size = x.shape[0]
+    cdef int bits = config.code_bits
     cdef QuantizePlan p
+    cdef QuantizeWork work
     if size == 0:
         return
     if bits not in (2, 4, 6):
-        raise ValueError(f"bits must be 2, 4 or 6, not {bits}")
+        raise ValueError(f"packed codes are 2, 4 or 6 bits wide, not {bits}")
     if out.shape[0] != (size * bits + 7) // 8:
         raise ValueError(f"out has {out.shape[0]} bytes; {size} codes of {bits} bits take {(size * bits + 7) // 8}")
+    if config.plan.path != PATH_GENERAL and x_storage_t is not float:
+        raise ValueError("the float32 paths take float32 x")
+    check_x_storage(config.plan.x_format, x_storage_t is int32_t, x_storage_t is uint16_t)
     check_aligned(&x[0], sizeof(x_storage_t), "x")
-    p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
-                     inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
-                     lo, hi, mask, small_float_id, saturate,
-                     choose_path(x_storage_t is float, fast_divide, code_kind, True, fast), 0,
-                     n_threads)
+    p = call_plan(config, scale, zero_point, size, 0, n_threads)
+    work.x = &x[0]
+    work.y = &out[0]
+    work.x_size = sizeof(x_storage_t)
+    work.y_size = 1
+    work.bits = bits
+    work.plan = &p
     with nogil:
-        run_tasks(&x[0], &out[0], bits, &p, n_threads)
+        run_tasks(quantize_work_task, &work, layout_tasks(&p.layout), n_threads)

@@ -38,10 +38,14 @@ KERNEL_ENTRIES = {
 FAST_KERNELS = True
 
 
+def entry_module(path: Path):
+    """The loaded kernel module that holds `path`'s entry (and its config class)."""
+    family, _ = KERNEL_ENTRIES[path]
+    return _packing if family is None else getattr(_kernels.active, family)
+
+
 def entry(path: Path):
-    family, name = KERNEL_ENTRIES[path]
-    module = _packing if family is None else getattr(_kernels.active, family)
-    return getattr(module, name)
+    return getattr(entry_module(path), KERNEL_ENTRIES[path][1])
 
 
 def run(path: Path, *args):

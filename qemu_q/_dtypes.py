@@ -13,11 +13,18 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-# Kernel-side enumerations: these mirror the enums in pyx/_codecs.pxd and _layout.pxd.
-FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32 = 0, 1, 2, 3
-CODE_INTEGER, CODE_SMALL_FLOAT = 0, 1
-SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ, SF_E2M1, SF_E2M3, SF_E3M2 = range(7)
-PER_TENSOR, PER_AXIS, BLOCKED = 0, 1, 2
+from ._parallel import ENUMS
+
+# The kernels' enumerations (pyx/_codecs.pxd, _layout.pxd), as the compiled code exports them.
+FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32 = (
+    ENUMS["FMT_FLOAT32"], ENUMS["FMT_FLOAT16"], ENUMS["FMT_BFLOAT16"], ENUMS["FMT_INT32"])
+CODE_INTEGER, CODE_SMALL_FLOAT = ENUMS["CODE_INTEGER"], ENUMS["CODE_SMALL_FLOAT"]
+SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ, SF_E2M1, SF_E2M3, SF_E3M2 = (
+    ENUMS["SF_E4M3FN"], ENUMS["SF_E4M3FNUZ"], ENUMS["SF_E5M2"], ENUMS["SF_E5M2FNUZ"],
+    ENUMS["SF_E2M1"], ENUMS["SF_E2M3"], ENUMS["SF_E3M2"])
+PER_TENSOR, PER_AXIS, BLOCKED = ENUMS["PER_TENSOR"], ENUMS["PER_AXIS"], ENUMS["BLOCKED"]
+PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT = (
+    ENUMS["PATH_GENERAL"], ENUMS["PATH_F32_INTEGER"], ENUMS["PATH_F32_SMALL_FLOAT"])
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,7 @@
 
 The general kernel paths read float64 scales and zero points (exact for every type); the
 float32 paths read float32 ones (exact there: the scale is a float32, float16, bfloat16 or
-e8m0 value) and, for integer codes, int32 zero points. Only the arrays a call reads are
-made; the others are one-element placeholders.
+e8m0 value) and, for integer codes, int32 zero points.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from ._dtypes import ElementType
 # SCRATCH_RETAINED_BYTES stay between calls: a larger one is the call's own and freed.
 _scratch = threading.local()
 SCRATCH_RETAINED_BYTES = 1 << 20
-_NO_FLOAT64 = np.zeros(1, np.float64)
-_NO_FLOAT32 = np.zeros(1, np.float32)
-_NO_INT32 = np.zeros(1, np.int32)
 
 
 def scratch_array(slot: str, n: int, dtype) -> np.ndarray:
@@ -70,31 +66,23 @@ def check_zero_point_values(zero_point, etype: ElementType, where: str, zp_name:
         )
 
 
-def kernel_parameters(scale, zero_point, n: int, absent: float, float32: bool, zero_point_int: bool):
-    """(scale, zero_point, scale32, zero_point32, zero_point_int) for a kernel call.
+def kernel_parameters(scale, zero_point, n: int, absent: float, float32: bool,
+                      zero_point_int: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero_point) as a kernel path reads them: float64 both (the general paths),
+    float32 both, or float32 and int32 (`zero_point_int`: integer codes on a float32 path).
 
     `absent` stands in for a missing zero point: QuantizeLinear adds -0.0 to a float
     quotient, the additive identity even for -0, so a missing zero point changes no bit.
     """
     if not float32:
-        scale64 = as_parameter(scale, np.float64, "scale64")
-        if zero_point is None:
-            zp64 = scratch_array("zp64", n, np.dtype(np.float64))
-            zp64.fill(absent)
-        else:
-            zp64 = as_parameter(zero_point, np.float64, "zp64")
-        return scale64, zp64, _NO_FLOAT32, _NO_FLOAT32, _NO_INT32
-    scale32 = as_parameter(scale, np.float32, "scale32")
-    zp32, zpi = _NO_FLOAT32, _NO_INT32
-    if zero_point_int:
-        if zero_point is None:
-            zpi = scratch_array("zpi", n, np.dtype(np.int32))
-            zpi.fill(0)
-        else:
-            zpi = as_parameter(zero_point, np.int32, "zpi")
-    elif zero_point is None:
-        zp32 = scratch_array("zp32", n, np.dtype(np.float32))
-        zp32.fill(absent)
+        scale_dtype, zero_point_dtype = np.dtype(np.float64), np.dtype(np.float64)
     else:
-        zp32 = as_parameter(zero_point, np.float32, "zp32")
-    return _NO_FLOAT64, _NO_FLOAT64, scale32, zp32, zpi
+        scale_dtype = np.dtype(np.float32)
+        zero_point_dtype = np.dtype(np.int32 if zero_point_int else np.float32)
+    values = as_parameter(scale, scale_dtype, "scale" + scale_dtype.char)
+    if zero_point is None:
+        zero_points = scratch_array("absent" + zero_point_dtype.char, n, zero_point_dtype)
+        zero_points.fill(0 if zero_point_int else absent)
+    else:
+        zero_points = as_parameter(zero_point, zero_point_dtype, "zero_point" + zero_point_dtype.char)
+    return values, zero_points

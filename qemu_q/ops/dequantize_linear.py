@@ -4,7 +4,7 @@ rounded once to the output type."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -21,7 +21,7 @@ from .._registry import register
 from .._rules import dequantize_output_type, label, multiplication_precision
 from .._threads import in_default_fp_environment, resolve_threads
 from .._validate import (
-    ArraySpec, Granularity, cached_plan, check_attribute, check_type, resolve_granularity,
+    ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity,
 )
 
 
@@ -42,23 +42,22 @@ class DequantizePlan:
     label: str
     x_type: ElementType
     out_type: ElementType
-    gran: Granularity
-    table: np.ndarray
-    integer_bits: int
-    integer_signed: bool
-    small_float_id: int
-    float32_parameters: bool
+    # The kernel configuration's fields (pyx/_dequantize.pyx: DequantizeConfig).
+    kernel_fields: tuple
+    configs: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def kernel_config(self, n_threads: int) -> tuple:
-        g = self.gran
-        return (g.outer, g.axis_len, g.inner, g.kind, g.block_size, self.table,
-                self.out_type.value_format, n_threads, self.integer_bits, self.integer_signed,
-                self.small_float_id, _dispatch.FAST_KERNELS)
+    def kernel_config(self):
+        """The DequantizeConfig of the loaded kernel level, built once per plan and level."""
+        module = _dispatch.entry_module(Path.DEQUANTIZE)
+        config = self.configs.get(module)
+        if config is None:
+            config = self.configs[module] = module.DequantizeConfig(**dict(self.kernel_fields))
+        return config
 
 
 @lru_cache(maxsize=512)
 def dequantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec | None, axis,
-                    block_size, output_dtype) -> DequantizePlan:
+                    block_size, output_dtype, fast_kernels) -> DequantizePlan:
     # As quantize_plan: validated once per signature.
     spec = get_spec("DequantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
@@ -85,17 +84,22 @@ def dequantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec
 
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                "x_scale", "x_zero_point")
-    # 16- and 32-bit codes are decoded arithmetically; the table is unused there.
-    table = decode_table(x_type.name if x_type.storage.itemsize == 1 else "uint8")
-    return DequantizePlan(
-        where, x_type, out_type, gran, table,
+    integer = x_type.kind == "integer"
+    fields = dict(
+        outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
+        block_size=gran.block_size,
+        # 16- and 32-bit codes are decoded arithmetically; the table is unused there.
+        table=decode_table(x_type.name if x_type.storage.itemsize == 1 else "uint8"),
+        code_size=x_type.storage.itemsize, code_bits=x_type.bits,
         # Integer codes of 8 bits or fewer, and small floats, are decoded on their bits.
-        x_type.bits if x_type.kind == "integer" and x_type.bits <= 8 else 0,
-        x_type.kind == "integer" and x_type.lo < 0,
-        x_type.small_float_id if x_type.kind == "small_float" else -1,
+        integer_bits=x_type.bits if integer and x_type.bits <= 8 else 0,
+        integer_signed=integer and x_type.lo < 0,
+        small_float_id=x_type.small_float_id if x_type.kind == "small_float" else -1,
+        signed16=x_type.name == "int16", out_format=out_type.value_format, fast=fast_kernels,
         # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there).
-        out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2,
+        float32_parameters=out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2,
     )
+    return DequantizePlan(where, x_type, out_type, tuple(fields.items()))
 
 
 @in_default_fp_environment
@@ -138,7 +142,7 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
         opset, x_spec, ArraySpec(scale.dtype, scale.shape),
         None if zero_point is None else ArraySpec(zero_point.dtype, zero_point.shape),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
-        _coerce.output_dtype(output_dtype),
+        _coerce.output_dtype(output_dtype), _dispatch.FAST_KERNELS,
     ))
     x_type, out_type = plan.x_type, plan.out_type
     size = x_spec.size
@@ -149,18 +153,15 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     if size == 0:
         return y
     check_zero_point_values(zero_point, x_type, plan.label, "x_zero_point")
-    params = kernel_parameters(scale, zero_point, scale.size, 0.0, plan.float32_parameters,
-                               zero_point_int=False)[:4]
-    config = plan.kernel_config(n_threads)
+    config = plan.kernel_config()
+    params = kernel_parameters(scale, zero_point, scale.size, 0.0, config.float32_parameters,
+                               zero_point_int=False)
     storage = y.reshape(-1).view(out_type.storage)
     written = kernel_output(storage)
     if x is None:
-        _dispatch.run(Path.DEQUANTIZE_PACKED, raw, x_type.bits, size, *params, written, *config)
+        _dispatch.run(Path.DEQUANTIZE_PACKED, raw, *params, written, config, n_threads)
     else:
-        g = plan.gran
-        _dispatch.run(Path.DEQUANTIZE, flat_storage(x, x_type), *params, written,
-                      g.outer, g.axis_len, g.inner, g.kind, g.block_size, plan.table,
-                      x_type.name == "int16", *config[6:])
+        _dispatch.run(Path.DEQUANTIZE, flat_storage(x, x_type), *params, written, config, n_threads)
     finish_output(storage, written)
     return y
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -12,7 +12,10 @@ from .._buffers import (
     LITTLE_ENDIAN, finish_output, flat_storage, kernel_output, prepare_output, prepare_packed_output,
 )
 from .._dispatch import Path
-from .._dtypes import CODE_INTEGER, CODE_SMALL_FLOAT, FMT_FLOAT32, ElementType, array_element_type
+from .._dtypes import (
+    CODE_INTEGER, CODE_SMALL_FLOAT, FMT_FLOAT32, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, PATH_GENERAL,
+    ElementType, array_element_type,
+)
 from .._opspec import get_spec, normalize_opset
 from .._pack import packed_size
 from .._params import check_zero_point_values, kernel_parameters
@@ -22,7 +25,7 @@ from .._rules import (
 )
 from .._threads import in_default_fp_environment, resolve_threads
 from .._validate import (
-    ArraySpec, Granularity, cached_plan, check_attribute, check_type, resolve_granularity,
+    ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity,
 )
 
 _FLOAT32_DIVISION_X = ("float", "float16", "bfloat16")
@@ -34,26 +37,27 @@ class QuantizePlan:
     label: str
     x_type: ElementType
     out_type: ElementType
-    gran: Granularity
-    precision_format: int
-    fast_divide: bool  # x and the scale are float32 values divided in float32
-    code_kind: int
-    lo: int
-    hi: int
-    mask: int
-    small_float_id: int
-    saturate: int
+    # The kernel configuration's fields (pyx/_quantize.pyx: QuantizeConfig); the path is
+    # decided here, once.
+    kernel_fields: tuple
+    configs: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def kernel_config(self, n_threads: int, float32_path: bool) -> tuple:
-        g = self.gran
-        return (g.outer, g.axis_len, g.inner, g.kind, g.block_size, self.x_type.value_format,
-                self.precision_format, self.fast_divide, self.code_kind, self.lo, self.hi,
-                self.mask, self.small_float_id, self.saturate, n_threads, float32_path)
+    @property
+    def path(self) -> int:
+        return dict(self.kernel_fields)["path"]
+
+    def kernel_config(self):
+        """The QuantizeConfig of the loaded kernel level, built once per plan and level."""
+        module = _dispatch.entry_module(Path.QUANTIZE)
+        config = self.configs.get(module)
+        if config is None:
+            config = self.configs[module] = module.QuantizeConfig(**dict(self.kernel_fields))
+        return config
 
 
 @lru_cache(maxsize=512)
 def quantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec | None, axis,
-                  block_size, saturate, precision, output_dtype) -> QuantizePlan:
+                  block_size, saturate, precision, output_dtype, fast_kernels) -> QuantizePlan:
     # Everything that depends on types, shapes and attributes only, validated once per
     # signature: repeated calls (a model's layers, a sweep) skip straight to the kernel.
     spec = get_spec("QuantizeLinear", opset)
@@ -82,20 +86,31 @@ def quantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec |
     precision_type = division_precision(spec, scale_type, precision, where)
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                "y_scale", "y_zero_point")
+    # x and the scale are float32 values divided in float32: one IEEE division is the
+    # correctly rounded quotient.
     fast_divide = (
         precision_type.value_format == FMT_FLOAT32
         and x_type.name in _FLOAT32_DIVISION_X
         and scale_type.name in _FLOAT32_DIVISION_SCALES
     )
-    if out_type.kind == "integer":
-        code_kind, lo, hi, mask = CODE_INTEGER, out_type.lo, out_type.hi, (1 << out_type.bits) - 1
-        small_float_id = 0
+    integer = out_type.kind == "integer"
+    # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
+    if fast_kernels and fast_divide and x_type.name == "float":
+        path = PATH_F32_INTEGER if integer else PATH_F32_SMALL_FLOAT
     else:
-        code_kind, lo, hi, mask = CODE_SMALL_FLOAT, 0, 0, 0
-        small_float_id = out_type.small_float_id
-    return QuantizePlan(where, x_type, out_type, gran, precision_type.value_format, fast_divide,
-                        code_kind, lo, hi, mask, small_float_id,
-                        saturate if saturate_applies(spec, out_type) else 1)
+        path = PATH_GENERAL
+    fields = dict(
+        outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
+        block_size=gran.block_size, x_format=x_type.value_format,
+        precision=precision_type.value_format, fast_divide=fast_divide,
+        code_kind=CODE_INTEGER if integer else CODE_SMALL_FLOAT,
+        lo=out_type.lo if integer else 0, hi=out_type.hi if integer else 0,
+        mask=(1 << out_type.bits) - 1 if integer else 0,
+        small_float_id=0 if integer else out_type.small_float_id,
+        saturate=bool(saturate) if saturate_applies(spec, out_type) else True,
+        path=path, code_bits=out_type.bits,
+    )
+    return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 
 
 @in_default_fp_environment
@@ -124,6 +139,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.int_attribute(saturate, "saturate", allow_bool=True),
         _coerce.int_attribute(precision, "precision"), _coerce.output_dtype(output_dtype),
+        _dispatch.FAST_KERNELS,
     ))
     out_type = plan.out_type
     n_threads = resolve_threads(n_threads, x.size)
@@ -136,24 +152,22 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     if x.size == 0:
         return result
     check_zero_point_values(zero_point, out_type, plan.label, "y_zero_point")
-    # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
-    float32_path = _dispatch.FAST_KERNELS and plan.fast_divide and plan.x_type.name == "float"
-    params = kernel_parameters(scale, zero_point, scale.size, -0.0, float32_path,
+    config = plan.kernel_config()
+    params = kernel_parameters(scale, zero_point, scale.size, -0.0, config.path != PATH_GENERAL,
                                zero_point_int=out_type.kind == "integer")
-    config = plan.kernel_config(n_threads, float32_path)
     flat_x = flat_storage(x, plan.x_type)
     if packed and out_type.packed:
         # Quantized and packed piece by piece: the one-per-byte codes never exist.
-        _dispatch.run(Path.QUANTIZE_PACKED, flat_x, *params, result, out_type.bits, *config)
+        _dispatch.run(Path.QUANTIZE_PACKED, flat_x, *params, result, config, n_threads)
     elif packed and not LITTLE_ENDIAN:
         codes = np.empty(x.size, dtype=out_type.dtype)
-        _dispatch.run(Path.QUANTIZE, flat_x, *params, codes.view(out_type.storage), *config)
+        _dispatch.run(Path.QUANTIZE, flat_x, *params, codes.view(out_type.storage), config, n_threads)
         result[...] = codes.astype(codes.dtype.newbyteorder("<")).view(np.uint8)
     else:
         # Whole-byte packed types: the storage is the raw_data, written in place.
         storage = result.view(out_type.storage) if packed else result.reshape(-1).view(out_type.storage)
         written = kernel_output(storage)
-        _dispatch.run(Path.QUANTIZE, flat_x, *params, written, *config)
+        _dispatch.run(Path.QUANTIZE, flat_x, *params, written, config, n_threads)
         finish_output(storage, written)
     return result
 
