@@ -315,7 +315,7 @@ class BuildExt(build_ext):
         # The biggest modules first, so that no core is left with one big module at the end.
         self.extensions.sort(key=lambda ext: -os.path.getsize(ext.sources[0]))
         # Our signatures, not file times, decide what is recompiled (see the module docstring).
-        self.force = True
+        self.requested_force, self.force = self.force, True
         super().build_extensions()
 
     def cythonize(self, debug):
@@ -339,7 +339,7 @@ class BuildExt(build_ext):
             c_file = os.path.splitext(pyx)[0] + ".c"
             signature = digest(inputs, file_digest(pyx), Cython.__version__, directives)
             stamp = self._stamp_path("c", c_file)
-            if not os.path.exists(c_file) or not self._stamp_matches(stamp, signature, c_file):
+            if self.force or not os.path.exists(c_file) or not self._stamp_matches(stamp, signature, c_file):
                 stale.append((ext, pyx, c_file, stamp, signature))
             ext.sources = [c_file]
         if stale:
@@ -364,7 +364,7 @@ class BuildExt(build_ext):
             sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX"),
         )
         stamp = self._stamp_path("so", ext_path)
-        if os.path.exists(ext_path) and self._stamp_matches(stamp, signature, ext_path):
+        if not self.requested_force and os.path.exists(ext_path) and self._stamp_matches(stamp, signature, ext_path):
             print(f"qemu_q: {ext.name} is up to date (same C file, compiler and flags)\n", end="", file=sys.stderr)
             return
         super().build_extension(ext)
