@@ -8,6 +8,7 @@
 
 import numpy as np
 
+cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fma
 from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uintptr_t
 

@@ -2,6 +2,7 @@
 # NaN reported separately so that the answer does not depend on where NaNs sit relative to
 # the thread split.
 
+cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport INFINITY
 
 from _tasks cimport run_tasks

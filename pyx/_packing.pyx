@@ -1,6 +1,7 @@
 # Packing of one-code-per-byte arrays into the ONNX raw_data layout and back (the codecs
 # live in _subbyte.pxd, shared with the fused quantize / dequantize paths).
 
+cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.stdint cimport uint8_t
 
 from _subbyte cimport pack_codes, unpack_codes

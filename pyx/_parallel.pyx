@@ -3,6 +3,8 @@ from _fpenv cimport fp_state, fp_enter, fp_leave
 # What the kernels were compiled with, and what the CPU they run on supports, asked of the
 # compiled code itself rather than of the build's records.
 
+cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
+
 cdef extern from *:
     """
     #ifdef _OPENMP

@@ -7,6 +7,7 @@
 # codes, small-float codes) that the compiler vectorizes; everything else goes through the
 # general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
 
+cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uintptr_t
 
 from _layout cimport (
