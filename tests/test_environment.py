@@ -183,7 +183,8 @@ for name, call in CALLS.items():
 print(json.dumps(wrong))
 """, package_home, timeout=180)
     assert outcome.ok, outcome.describe()
-    assert last_json_line(outcome) == []
+    wrong = last_json_line(outcome)
+    assert wrong == [], f"{len(wrong)} wrong:\n" + "\n".join(wrong)
 
 
 @pytest.mark.parametrize("value", [50_000, 10**5])
