@@ -19,12 +19,21 @@ def packed_size(etype, count: int) -> int:
 
 def normalize_shape(shape, argument: str = "shape") -> tuple[int, ...]:
     """A shape given as an int or a sequence of ints, as a tuple; no negative dimension."""
-    if isinstance(shape, (int, np.integer)):
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
         shape = (int(shape),)
-    shape = tuple(operator.index(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"{argument} {shape} has a negative dimension")
-    return shape
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)):
+        raise TypeError(f"{argument} must be an int or a tuple of ints, got {type(shape).__name__} {shape!r}")
+    dims = []
+    for d in shape:
+        if isinstance(d, (bool, np.bool_)):
+            raise TypeError(f"{argument} {shape!r} holds {d!r}; dimensions are ints")
+        try:
+            dims.append(operator.index(d))
+        except TypeError:
+            raise TypeError(f"{argument} {shape!r} holds {type(d).__name__} {d!r}; dimensions are ints") from None
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{argument} {tuple(dims)} has a negative dimension")
+    return tuple(dims)
 
 
 def raw_bytes(buffer, etype, count: int, argument: str) -> np.ndarray:
@@ -61,12 +70,19 @@ def pack(array, *, out=None, n_threads=None) -> np.ndarray:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"array must be a numpy array, got {type(array).__name__}")
     etype = array_element_type(array, "array")
+    n_threads = resolve_threads(n_threads, array.size)
     flat = np.ascontiguousarray(array).reshape(-1)
     size = packed_size(etype, flat.size)
     if out is not None:
-        if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != (size,) \
-                or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError(f"out must be a writeable contiguous uint8 array of shape ({size},)")
+        wanted = f"a writeable contiguous uint8 array of shape ({size},)"
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be {wanted}, got {type(out).__name__}")
+        if out.dtype != np.uint8 or out.shape != (size,):
+            raise ValueError(f"out must be {wanted}, got dtype {out.dtype} and shape {out.shape}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"out must be {wanted}; it is not contiguous or not writeable")
+        if np.may_share_memory(out, array):
+            raise ValueError("out overlaps array; pack does not work in place")
     if not etype.packed:
         data = flat.astype(flat.dtype.newbyteorder("<"), copy=False).view(np.uint8)
         if out is None:
@@ -74,19 +90,22 @@ def pack(array, *, out=None, n_threads=None) -> np.ndarray:
         out[...] = data
         return out
     result = np.empty(size, dtype=np.uint8) if out is None else out
-    _dispatch.run(_dispatch.Path.PACK, flat.view(np.uint8), result, etype.bits,
-                  resolve_threads(n_threads, flat.size))
+    _dispatch.run(_dispatch.Path.PACK, flat.view(np.uint8), result, etype.bits, n_threads)
     return result
 
 
 def unpack(buffer, dtype, shape, *, n_threads=None) -> np.ndarray:
     """The array of `dtype` and `shape` whose ONNX raw_data bytes are `buffer`."""
+    if dtype is None:
+        raise TypeError("dtype=None: give the element type of the codes (a type name, an ONNX "
+                        "data-type int or a dtype)")
     etype = element_type(dtype, "dtype")
     shape = normalize_shape(shape)
     count = math.prod(shape)
+    n_threads = resolve_threads(n_threads, count)
     data = raw_bytes(buffer, etype, count, "buffer")
     if not etype.packed:
         return data.view(etype.dtype.newbyteorder("<")).astype(etype.dtype, copy=True).reshape(shape)
     codes = np.empty(count, dtype=np.uint8)
-    _dispatch.run(_dispatch.Path.UNPACK, data, codes, etype.bits, resolve_threads(n_threads, count))
+    _dispatch.run(_dispatch.Path.UNPACK, data, codes, etype.bits, n_threads)
     return codes.view(etype.dtype).reshape(shape)

@@ -168,6 +168,9 @@ def build_cases(seed: int = 9):
     f32, f16, bf16 = np.float32, np.float16, ml_dtypes.bfloat16
     cases = []
 
+    # Every input is made here, in the default environment: a conversion made under the
+    # mode (np.array(1 / 3, np.float32) rounds by it, a subnormal flushes under FTZ) would
+    # change the caller's data, not qemu_q's arithmetic.
     def case(name, fn, oracle=None):
         cases.append((name, fn, oracle))
 
@@ -187,10 +190,10 @@ def build_cases(seed: int = 9):
     xh = _signed_bits(m, negative, 15, np.uint16).view(f16)
     signed_m = np.where(negative, -m, m)
     case("quantize f16 subnormal x, scale 2**-24 -> int16 (issue example [1, 3, 16])",
-         lambda t, x=xh: (ql(x, np.array(2.0**-24, f16), output_dtype="int16", n_threads=t),),
+         lambda t, x=xh, s=np.array(2.0**-24, f16): (ql(x, s, output_dtype="int16", n_threads=t),),
          (signed_m.astype(np.int16),))
     case("quantize f16 subnormal x, subnormal scale 2**-23, ties -> int16",
-         lambda t, x=xh: (ql(x, np.array(2.0**-23, f16), output_dtype="int16", n_threads=t),),
+         lambda t, x=xh, s=np.array(2.0**-23, f16): (ql(x, s, output_dtype="int16", n_threads=t),),
          (_half_even(signed_m, 2).astype(np.int16),))
 
     # bfloat16 subnormals 2**-133 * k, scale 2**-133 (-> k) and 2**-132 (-> k/2, ties).
@@ -230,10 +233,10 @@ def build_cases(seed: int = 9):
     mag[::7] = (rng.integers(1, 1 << 13, mag[::7].size) << 10)  # quotients on halfway points
     xs = _signed_bits(mag, rng.random(N) < 0.5, 31, np.uint32).view(f32)
     case("quantize f32 subnormal x -> float8e4m3fn (scale 2**-135)",
-         lambda t, x=xs: (ql(x, np.array(2.0**-135, f32), output_dtype="float8e4m3fn", n_threads=t),))
+         lambda t, x=xs, s=np.array(2.0**-135, f32): (ql(x, s, output_dtype="float8e4m3fn", n_threads=t),))
     xn = (rng.standard_normal(N) * 1000).astype(f32)
     case("quantize f32 -> float8e5m2 (scale 1/3, saturate=0)",
-         lambda t, x=xn: (ql(x, np.array(1 / 3, f32), output_dtype="float8e5m2", saturate=0, n_threads=t),))
+         lambda t, x=xn, s=np.array(1 / 3, f32): (ql(x, s, output_dtype="float8e5m2", saturate=0, n_threads=t),))
 
     # Packed outputs: int4 per-axis, float4 blocked with halfway values between codes.
     x4 = (rng.standard_normal((4097, 32)) * 4).astype(f32)
@@ -261,7 +264,7 @@ def build_cases(seed: int = 9):
     codes16 = rng.integers(-32768, 32768, N).astype(np.int16)
     exact16 = (codes16.astype(np.float64) - 5) * np.float64(f32(1 / 3))
     case("dequantize int16 -> f32 (inexact products)",
-         lambda t, c=codes16: (dql(c, np.array(1 / 3, f32), np.array(5, np.int16), n_threads=t),),
+         lambda t, c=codes16, s=np.array(1 / 3, f32): (dql(c, s, np.array(5, np.int16), n_threads=t),),
          (exact16.astype(f32),))
     scale_h = np.array([2.0**-24, 3 * 2.0**-24, 0.1, 1 / 3, 2.0**-14, 1000.0, 5 * 2.0**-20, 0.7], f16)
     case("dequantize int8 -> float16 (float16 scales, subnormal outputs)",
@@ -271,13 +274,13 @@ def build_cases(seed: int = 9):
          lambda t, c=codes, s=scale_bf[np.arange(64) % 4], z=zp_dq: (dql(c, s, z, axis=1, n_threads=t),))
     raw4 = rng.integers(0, 256, N // 2 + 1).astype(np.uint8)
     case("dequantize int4 packed input -> f32",
-         lambda t, r=raw4: (dql(r, np.array(0.1, f32), np.array(3, ml_dtypes.int4), packed=True,
+         lambda t, r=raw4, s=np.array(0.1, f32): (dql(r, s, np.array(3, ml_dtypes.int4), packed=True,
                                 shape=(2 * r.size,), n_threads=t),))
     f8 = np.tile(np.arange(256, dtype=np.uint8), N // 256 + 1).view(ml_dtypes.float8_e4m3fn)
     case("dequantize float8e4m3fn -> f32 (scale 2**-140, subnormal outputs)",
-         lambda t, c=f8: (dql(c, np.array(2.0**-140, f32), n_threads=t),))
+         lambda t, c=f8, s=np.array(2.0**-140, f32): (dql(c, s, n_threads=t),))
     case("dequantize float8e4m3fn -> float16 (scale 2**-20)",
-         lambda t, c=f8: (dql(c, np.array(2.0**-20, f16), n_threads=t),))
+         lambda t, c=f8, s=np.array(2.0**-20, f16): (dql(c, s, n_threads=t),))
 
     # DynamicQuantizeLinear: the scale (max - min) / 255 and the zero point are computed in
     # float32 (inexact); a subnormal range gives a subnormal scale.
