@@ -18,6 +18,7 @@ from _layout cimport (
 from _codecs cimport (
     x_storage_t, code_storage_t, SmallFloatFormat, small_float_format,
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
+    SmallFloatSpecials, small_float_specials,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT,
     float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_biased, saturate_biased, encode_small_float, ROUND_MAGIC_BITS,
@@ -119,7 +120,7 @@ cdef struct QuantizePlan:
     float lo
     float hi
     int mask
-    bint saturate
+    SmallFloatSpecials specials  # the Cast table's codes for NaN, inf and overflow
     SmallFloatFormat small_float
     SmallFloat32Encoder encoder
     bint stream             # integer codes with one scale per run: streamed (see above)
@@ -155,7 +156,7 @@ cdef inline int quantize_one(x_storage_t v, double scale, double zero_point, con
         return encode_integer(q, <float>zero_point, p.lo, p.hi, p.mask)
     # The zero point of a float type is +0 or -0 (or absent: -0, the additive identity);
     # adding it as the formula says decides the sign of a zero quotient.
-    return encode_small_float(q + <float>zero_point, &p.small_float, p.saturate)
+    return encode_small_float(q + <float>zero_point, &p.small_float, &p.specials)
 
 
 cdef inline void run_general(const x_storage_t* x, code_storage_t* y, Py_ssize_t n,
@@ -469,7 +470,7 @@ cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const doub
                             const int32_t[::1] zero_point_int, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                             int granularity, Py_ssize_t block_size, int x_format, int precision,
                             bint fast_divide, int code_kind, double lo, double hi, int mask,
-                            int small_float_id, bint saturate, int path):
+                            int small_float_id, bint saturate, int small_float_rules, int path):
     cdef QuantizePlan p
     p.layout = make_layout(size, outer, axis_len, inner, granularity, block_size)
     p.x_format = x_format
@@ -479,9 +480,10 @@ cdef QuantizePlan make_plan(Py_ssize_t size, const double[::1] scale, const doub
     p.lo = <float>lo
     p.hi = <float>hi
     p.mask = mask
-    p.saturate = saturate
     p.small_float = small_float_format(small_float_id if code_kind != CODE_INTEGER else 0)
-    p.encoder = small_float32_encoder(small_float_id if code_kind != CODE_INTEGER else 0, saturate)
+    p.specials = small_float_specials(&p.small_float, saturate, small_float_rules)
+    p.encoder = small_float32_encoder(small_float_id if code_kind != CODE_INTEGER else 0, saturate,
+                                      small_float_rules)
     p.scale = &scale[0]
     p.zero_point = &zero_point[0]
     p.scale32 = &scale32[0]
@@ -545,13 +547,13 @@ cdef QuantizePlan checked_plan(Py_ssize_t size, const double[::1] scale, const d
                                const int32_t[::1] zero_point_int, Py_ssize_t outer, Py_ssize_t axis_len,
                                Py_ssize_t inner, int granularity, Py_ssize_t block_size, int x_format,
                                int precision, bint fast_divide, int code_kind, double lo, double hi,
-                               int mask, int small_float_id, bint saturate, int path,
-                               Py_ssize_t streamed_bytes, int n_threads) except *:
+                               int mask, int small_float_id, bint saturate, int small_float_rules,
+                               int path, Py_ssize_t streamed_bytes, int n_threads) except *:
     # The plan of a call, its parameter arrays checked against its layout, its tasks sized.
     cdef QuantizePlan p = make_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int,
                                     outer, axis_len, inner, granularity, block_size, x_format,
                                     precision, fast_divide, code_kind, lo, hi, mask,
-                                    small_float_id, saturate, path)
+                                    small_float_id, saturate, small_float_rules, path)
     check_parameters(&p.layout, p.path != PATH_GENERAL, scale.shape[0], zero_point.shape[0],
                      scale32.shape[0], zero_point32.shape[0], zero_point_int.shape[0],
                      p.path == PATH_F32_INTEGER)
@@ -569,7 +571,8 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
              const int32_t[::1] zero_point_int, code_storage_t[::1] out, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
              int granularity, Py_ssize_t block_size, int x_format, int precision,
              bint fast_divide, int code_kind, double lo, double hi, int mask,
-             int small_float_id, bint saturate, int n_threads, bint fast=True):
+             int small_float_id, bint saturate, int small_float_rules, int n_threads,
+             bint fast=True):
     """Quantize x (flattened, C order, viewed as outer x axis_len x inner) into `out`.
 
     scale and zero_point hold one value per tensor, per axis index, or per block
@@ -578,7 +581,8 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
     instead (the same values: exact there). The arrays a call does not read may hold a
     single placeholder value. Integer codes are clamped to [lo, hi] and masked with
     `mask` (the storage of int4/int2 keeps only the low bits); small-float codes follow
-    `small_float_id` and `saturate`. `fast=False` forces the general scalar path (the
+    `small_float_id`, `saturate` and `small_float_rules` (SmallFloatRule flags: the rows
+    of the Cast table in force). `fast=False` forces the general scalar path (the
     tests compare the two). The kernel allocates nothing.
     """
     cdef Py_ssize_t size = x.shape[0]
@@ -587,7 +591,7 @@ def quantize(const x_storage_t[::1] x, const double[::1] scale, const double[::1
         return
     p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
                      inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
-                     lo, hi, mask, small_float_id, saturate,
+                     lo, hi, mask, small_float_id, saturate, small_float_rules,
                      choose_path(x_storage_t is float, fast_divide, code_kind, code_storage_t is uint8_t, fast),
                      size * sizeof(code_storage_t), n_threads)
     with nogil:
@@ -599,7 +603,8 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
                     const int32_t[::1] zero_point_int, uint8_t[::1] out, int bits, Py_ssize_t outer, Py_ssize_t axis_len,
                     Py_ssize_t inner, int granularity, Py_ssize_t block_size, int x_format,
                     int precision, bint fast_divide, int code_kind, double lo, double hi, int mask,
-                    int small_float_id, bint saturate, int n_threads, bint fast=True):
+                    int small_float_id, bint saturate, int small_float_rules, int n_threads,
+                    bint fast=True):
     """As `quantize`, with the codes of `bits` bits (2, 4 or 6) packed into `out` in the
     ONNX raw_data layout (ceil(n * bits / 8) bytes)."""
     cdef Py_ssize_t size = x.shape[0]
@@ -610,7 +615,7 @@ def quantize_packed(const x_storage_t[::1] x, const double[::1] scale, const dou
         raise ValueError(f"bits must be 2, 4 or 6, not {bits}")
     p = checked_plan(size, scale, zero_point, scale32, zero_point32, zero_point_int, outer, axis_len,
                      inner, granularity, block_size, x_format, precision, fast_divide, code_kind,
-                     lo, hi, mask, small_float_id, saturate,
+                     lo, hi, mask, small_float_id, saturate, small_float_rules,
                      choose_path(x_storage_t is float, fast_divide, code_kind, True, fast), 0,
                      n_threads)
     with nogil:

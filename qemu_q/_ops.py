@@ -19,9 +19,11 @@ import numpy as np
 from . import _dequantize, _dynamic, _kernels
 from ._dtypes import (
     BLOCKED, CODE_INTEGER, CODE_SMALL_FLOAT, ELEMENT_TYPES, FMT_FLOAT32, PER_AXIS, PER_TENSOR,
-    ElementType, array_element_type, element_type,
+    SF_RULE_FNUZ_INF_NAN, SF_RULE_NAN_SIGN, ElementType, array_element_type, element_type,
 )
-from ._opspec import OpSpec, first_version_allowing, first_version_with_attribute, get_spec
+from ._opspec import (
+    OpSpec, cast_float8_table, first_version_allowing, first_version_with_attribute, get_spec,
+)
 from ._pack import normalize_shape, packed_size, raw_bytes
 from ._threads import resolve_threads
 
@@ -30,6 +32,9 @@ _UINT8 = ELEMENT_TYPES["uint8"]
 _E8M0 = ELEMENT_TYPES["float8e8m0"]
 # Values of `precision` (QuantizeLinear-23+): the division's precision type.
 _PRECISION_TYPES = {1: "float", 10: "float16", 16: "bfloat16"}
+# Values of quantize_linear's `nan`: the Cast table's signed NaN, or the one NaN code some
+# hardware writes whatever the sign (0x7F; NVIDIA's conversion instructions).
+_NAN_OPTIONS = ("spec", "canonical")
 # The storage of every type is its ONNX raw_data on a little-endian host: the packed
 # options then view instead of copying.
 _LITTLE_ENDIAN = sys.byteorder == "little"
@@ -350,11 +355,12 @@ class _QuantizePlan:
     hi: int
     mask: int
     small_float_id: int
+    small_float_rules: int
 
 
 @lru_cache(maxsize=512)
 def _quantize_plan(opset, x_dtype, x_shape, scale_dtype, scale_shape, zp_dtype, zp_shape, axis,
-                   block_size, saturate, precision, output_dtype):
+                   block_size, saturate, precision, output_dtype, nan="spec"):
     # Everything that depends on types, shapes and attributes only, validated once per
     # signature: repeated calls (a model's layers, a sweep) skip straight to the kernel.
     x = _ArraySpec(x_dtype, x_shape)
@@ -369,6 +375,8 @@ def _quantize_plan(opset, x_dtype, x_shape, scale_dtype, scale_shape, zp_dtype, 
     _check_attribute(spec, opset, "output_dtype", output_dtype, None)
     if saturate not in (0, 1):
         raise ValueError(f"{label}: saturate={saturate}; allowed 0 or 1")
+    if not isinstance(nan, str) or nan not in _NAN_OPTIONS:
+        raise ValueError(f"{label}: nan={nan!r}; allowed 'spec' or 'canonical'")
 
     x_type = array_element_type(x, "x")
     scale_type = array_element_type(scale, "y_scale")
@@ -390,19 +398,26 @@ def _quantize_plan(opset, x_dtype, x_shape, scale_dtype, scale_shape, zp_dtype, 
         and x_type.name in ("float", "float16", "bfloat16")
         and scale_type.name in ("float", "float16", "bfloat16", "float8e8m0")
     )
+    small_float_rules = 0
     if out_type.kind == "integer":
         code_kind, lo, hi, mask = CODE_INTEGER, out_type.lo, out_type.hi, (1 << out_type.bits) - 1
         small_float_id = 0
     else:
         code_kind, lo, hi, mask = CODE_SMALL_FLOAT, 0, 0, 0
         small_float_id = out_type.small_float_id
+        if opset >= 19:  # float4/float6 arrive later; float8 at 19 with the Cast tables
+            table = cast_float8_table(opset)
+            if table.negative_nan_row and nan == "spec":
+                small_float_rules |= SF_RULE_NAN_SIGN
+            if table.fnuz_inf_to_nan:
+                small_float_rules |= SF_RULE_FNUZ_INF_NAN
     return _QuantizePlan(label, x_type, out_type, gran, precision_type.value_format, fast_divide,
-                         code_kind, lo, hi, mask, small_float_id)
+                         code_kind, lo, hi, mask, small_float_id, small_float_rules)
 
 
 def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
                     saturate=1, precision=0, opset=None, out=None, packed=False,
-                    n_threads=None) -> np.ndarray:
+                    n_threads=None, nan="spec") -> np.ndarray:
     """ONNX QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point), bit-exact.
 
     `opset` selects the version (newest since-version <= opset; None: 28). Types follow
@@ -414,6 +429,11 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     int4/uint4/float4 two per byte, int2/uint2 four, float6 four in three), quantized and
     packed in one pass; `out` must then be such a uint8 array. `n_threads` overrides the
     default thread count (`set_num_threads`); the bits never depend on it.
+
+    `nan` (not an ONNX attribute) picks the NaN codes of e4m3fn and e5m2: "spec" (default)
+    follows the Cast table in force at `opset` (a NaN keeps its sign: 0x7F / 0xFF, and
+    -Inf with saturate=0 gives 0xFF in e4m3fn); "canonical" writes 0x7F for every NaN
+    result, as NVIDIA's conversion instructions do. See docs/semantics.md.
     """
     x = _as_array(x, "x")
     scale = _as_array(y_scale, "y_scale")
@@ -423,7 +443,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
            None if zero_point is None else zero_point.dtype,
            None if zero_point is None else zero_point.shape,
            _int_attribute(axis, "axis"), _int_attribute(block_size, "block_size"), saturate,
-           _int_attribute(precision, "precision"), _normalize_output_dtype(output_dtype))
+           _int_attribute(precision, "precision"), _normalize_output_dtype(output_dtype), nan)
     plan = _plan_cached(_quantize_plan, key)
     label, x_type, out_type, gran = plan.label, plan.x_type, plan.out_type, plan.gran
     fast_divide = plan.fast_divide
@@ -436,7 +456,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
         gran.outer, gran.axis_len, gran.inner, gran.kind, gran.block_size,
         x_type.value_format, plan.precision_format, fast_divide,
         plan.code_kind, plan.lo, plan.hi, plan.mask, plan.small_float_id, saturate,
-        resolve_threads(n_threads, x.size), float32_path,
+        plan.small_float_rules, resolve_threads(n_threads, x.size), float32_path,
     )
     kernels = _kernels.active.quantize
     flat_x = _flat_storage(x, x_type)
