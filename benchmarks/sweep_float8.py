@@ -151,7 +151,13 @@ class Oracle:
         pos, neg = f.overflow_codes(saturate)
         out[overflow & ~negative] = pos
         out[overflow & negative] = neg
+        if not saturate and not f.fnuz and not f.has_inf:
+            # e4m3fn, Cast-19..28 saturate=0: "-Inf -> -NaN" (a finite negative overflow
+            # is "[x] < -FLT_MAX -> NaN": 0x7F).
+            out[(u == 0xFF800000)] = 0xFF
         out[nan] = f.nan_code
+        if not f.fnuz:
+            out[nan & negative] = 0xFF  # "-NaN -> -NaN" (docs/semantics.md)
         return out.astype(np.uint8)
 
 

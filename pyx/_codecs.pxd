@@ -71,6 +71,57 @@ cdef struct SmallFloatFormat:
     bint unsigned_zero # FNUZ: the negative-zero pattern is NaN, so -0 encodes as +0
 
 
+cdef enum SmallFloatRule:
+    # Rows of the float8 Cast tables that differ by version or by option, as flags that
+    # qemu_q/ops/quantize_linear.py sets from qemu_q/_opspec.py's CAST_FLOAT8_TABLES.
+    SF_RULE_NAN_SIGN = 1      # "-NaN -> -NaN", "-Inf -> -NaN" (e4m3fn, e5m2); off: NaN is 0x7F
+    SF_RULE_FNUZ_INF_NAN = 2  # Cast-19/21/23, saturate=1: FNUZ "Inf -> NaN", "-Inf -> NaN"
+
+
+# The codes of the values outside the finite range, decided once per call from the format,
+# `saturate` and the rules: both encoders read them, so they cannot disagree on a row.
+# A sign mask is all ones where the code takes the input's sign, 0 where it is fixed.
+cdef struct SmallFloatSpecials:
+    int nan_code
+    int nan_sign
+    int inf_code
+    int inf_sign
+    int overflow_code   # a finite input whose [x] is beyond +-max
+    int overflow_sign
+
+
+cdef inline SmallFloatSpecials small_float_specials(const SmallFloatFormat* f, bint saturate,
+                                                    int rules) noexcept nogil:
+    cdef SmallFloatSpecials s
+    # float4/float6: no inf or NaN codes; NaN gives +max (the ONNX float4 note).
+    cdef bint no_specials = f.nan_code < 0 and f.inf_code < 0
+    s.nan_code = f.max_code if no_specials else f.nan_code
+    # The FNUZ NaN 0x80 has no sign to keep.
+    s.nan_sign = -1 if (rules & SF_RULE_NAN_SIGN) and not no_specials and not f.unsigned_zero else 0
+    if saturate or no_specials:
+        s.overflow_code = f.max_code
+        s.overflow_sign = -1
+    elif f.inf_code >= 0:
+        s.overflow_code = f.inf_code
+        s.overflow_sign = -1
+    else:
+        # "[x] > FLT_MAX -> NaN" and "[x] < -FLT_MAX -> NaN": the saturate=0 table writes
+        # NaN, not -NaN, for both signs (it writes -NaN in the rows where it means one).
+        s.overflow_code = f.nan_code
+        s.overflow_sign = 0
+    # +-Inf: as an overflow, but for the rows that say NaN where an overflow does not.
+    s.inf_code = s.overflow_code
+    s.inf_sign = s.overflow_sign
+    if f.unsigned_zero and saturate and (rules & SF_RULE_FNUZ_INF_NAN):
+        s.inf_code = f.nan_code
+        s.inf_sign = 0
+    elif not saturate and f.inf_code < 0 and not no_specials and not f.unsigned_zero:
+        # e4m3fn saturate=0: "Inf -> NaN", "-Inf -> -NaN": the sign of a NaN result.
+        s.inf_code = f.nan_code
+        s.inf_sign = s.nan_sign
+    return s
+
+
 cdef inline SmallFloatFormat small_float_format(int fmt_id) noexcept nogil:
     cdef SmallFloatFormat f
     if fmt_id == SF_E4M3FN:
@@ -283,23 +334,21 @@ cdef inline int32_t saturate_biased(int32_t biased, int32_t zero_point, int32_t 
     return biased - <int32_t>ROUND_MAGIC_BITS + zero_point
 
 
-cdef inline int encode_small_float(double q, const SmallFloatFormat* f, bint saturate) noexcept nogil:
-    cdef int sign_bit = 1 << (f.width - 1)
-    cdef int sign
+cdef inline int encode_small_float(double q, const SmallFloatFormat* f,
+                                   const SmallFloatSpecials* s) noexcept nogil:
+    # Rounding keeps the sign (a tiny negative rounds to -0), so q's sign bit is the code's.
+    cdef int sign = (1 << (f.width - 1)) if double_bits(q) >> 63 else 0
     cdef int exponent
     cdef uint64_t b
     cdef double r, a
     if isnan(q):
-        return f.nan_code if f.nan_code >= 0 else f.max_code
+        return s.nan_code | (sign & s.nan_sign)
+    if isinf(q):
+        return s.inf_code | (sign & s.inf_sign)
     r = round_to_precision(q, 0.0, f.mantissa_bits, f.min_exponent)
-    sign = sign_bit if r < 0.0 or (r == 0.0 and double_bits(r) >> 63) else 0
     a = fabs(r)
     if a > f.max_finite:
-        if saturate or (f.nan_code < 0 and f.inf_code < 0):
-            return sign | f.max_code
-        if f.inf_code >= 0:
-            return sign | f.inf_code
-        return f.nan_code
+        return s.overflow_code | (sign & s.overflow_sign)
     if a == 0.0:
         return 0 if f.unsigned_zero else sign
     b = double_bits(a)
@@ -343,13 +392,11 @@ cdef struct SmallFloat32Encoder:
     int32_t subnormal_magic_bits
     int32_t sign_shift     # width - 1: where the sign bit goes
     int32_t max_code
-    int32_t overflow_code  # code of an overflow, without the sign
-    int32_t overflow_sign  # all ones when an overflow keeps the sign (+-max, +-inf), else 0
     int32_t zero_sign      # all ones when -0 exists, 0 for FNUZ
-    int32_t nan_value      # the canonical NaN, or +max for formats without NaN
+    SmallFloatSpecials special  # NaN, inf and overflow codes: encode_small_float's
 
 
-cdef inline SmallFloat32Encoder small_float32_encoder(int fmt_id, bint saturate) noexcept nogil:
+cdef inline SmallFloat32Encoder small_float32_encoder(int fmt_id, bint saturate, int rules) noexcept nogil:
     cdef SmallFloatFormat f = small_float_format(fmt_id)
     cdef SmallFloat32Encoder e
     e.shift = 23 - f.mantissa_bits
@@ -360,17 +407,8 @@ cdef inline SmallFloat32Encoder small_float32_encoder(int fmt_id, bint saturate)
     e.subnormal_magic = bits_float(<uint32_t>e.subnormal_magic_bits)
     e.sign_shift = f.width - 1
     e.max_code = f.max_code
-    if saturate or (f.nan_code < 0 and f.inf_code < 0):
-        e.overflow_code = f.max_code
-        e.overflow_sign = -1
-    elif f.inf_code >= 0:
-        e.overflow_code = f.inf_code
-        e.overflow_sign = -1
-    else:
-        e.overflow_code = f.nan_code
-        e.overflow_sign = 0
     e.zero_sign = 0 if f.unsigned_zero else -1
-    e.nan_value = f.nan_code if f.nan_code >= 0 else f.max_code
+    e.special = small_float_specials(&f, saturate, rules)
     return e
 
 
@@ -399,12 +437,14 @@ cdef inline int encode_small_float32(float q, const SmallFloat32Encoder* e) noex
     cdef int32_t min_normal_bits = e.min_normal_bits
     cdef int32_t max_code = e.max_code
     cdef int32_t zero = sign & e.zero_sign
-    cdef int32_t overflow = e.overflow_code | (sign & e.overflow_sign)
-    cdef int32_t nan = e.nan_value
+    cdef int32_t overflow = e.special.overflow_code | (sign & e.special.overflow_sign)
+    cdef int32_t inf = e.special.inf_code | (sign & e.special.inf_sign)
+    cdef int32_t nan = e.special.nan_code | (sign & e.special.nan_sign)
     cdef int32_t magnitude = select_i32(a < min_normal_bits, sub, normal)
     cdef int32_t code = sign | magnitude
     code = code if magnitude != 0 else zero
     code = code if magnitude <= max_code else overflow
+    code = code if a != 0x7F800000 else inf
     code = code if a <= 0x7F800000 else nan
     return code
 

@@ -18,8 +18,9 @@ from _tasks cimport run_tasks
 from _codecs cimport (
     x_storage_t, code_storage_t, SmallFloatFormat, small_float_format,
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
+    SmallFloatSpecials, small_float_specials,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT, SF_COUNT,
-    PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT,
+    PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
     float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_biased, saturate_biased, encode_small_float, ROUND_MAGIC_BITS,
 )
@@ -114,7 +115,7 @@ cdef struct QuantizePlan:
     float lo
     float hi
     int mask
-    bint saturate
+    SmallFloatSpecials specials  # the Cast table's codes for NaN, inf and overflow
     SmallFloatFormat small_float
     SmallFloat32Encoder encoder
     bint stream             # integer codes with one scale per run: streamed (see above)
@@ -150,7 +151,7 @@ cdef inline int quantize_one(x_storage_t v, double scale, double zero_point, con
         return encode_integer(q, <float>zero_point, p.lo, p.hi, p.mask)
     # The zero point of a float type is +0 or -0 (or absent: -0, the additive identity);
     # adding it as the formula says decides the sign of a zero quotient.
-    return encode_small_float(q + <float>zero_point, &p.small_float, p.saturate)
+    return encode_small_float(q + <float>zero_point, &p.small_float, &p.specials)
 
 
 cdef inline void run_general(const x_storage_t* x, code_storage_t* y, Py_ssize_t n,
@@ -469,16 +470,17 @@ cdef class QuantizeConfig:
     `path` says which parameter arrays a call passes: float64 scale and zero point
     (PATH_GENERAL), float32 scale and int32 zero point (PATH_F32_INTEGER) or float32 both
     (PATH_F32_SMALL_FLOAT). Integer codes are clamped to [lo, hi] and masked with
-    `mask`; small-float codes follow `small_float_id` and `saturate`; `code_bits` is the
-    width of a code in the packed ONNX layout.
+    `mask`; small-float codes follow `small_float_id`, `saturate` and `small_float_rules`
+    (SmallFloatRule flags: the rows of the Cast table in force); `code_bits` is the width
+    of a code in the packed ONNX layout.
     """
     cdef QuantizePlan plan
     cdef readonly int code_bits
 
     def __init__(self, *, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner, int granularity,
                  Py_ssize_t block_size, int x_format, int precision, bint fast_divide, int code_kind,
-                 long long lo, long long hi, int mask, int small_float_id, bint saturate, int path,
-                 int code_bits):
+                 long long lo, long long hi, int mask, int small_float_id, bint saturate,
+                 int small_float_rules, int path, int code_bits):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if x_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32):
@@ -514,10 +516,12 @@ cdef class QuantizeConfig:
         self.plan.lo = <float>lo
         self.plan.hi = <float>hi
         self.plan.mask = mask
-        self.plan.saturate = saturate
+        if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN):
+            raise ValueError(f"small_float_rules {small_float_rules} holds unknown flags")
         self.plan.small_float = small_float_format(small_float_id if code_kind != CODE_INTEGER else 0)
+        self.plan.specials = small_float_specials(&self.plan.small_float, saturate, small_float_rules)
         self.plan.encoder = small_float32_encoder(small_float_id if code_kind != CODE_INTEGER else 0,
-                                                  saturate)
+                                                  saturate, small_float_rules)
         self.plan.stream = False
         self.code_bits = code_bits
 

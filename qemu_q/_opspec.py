@@ -378,3 +378,41 @@ def resolve_op_name(name: str) -> str:
             return op_type
     known = ", ".join(f"{op} ({', '.join(OP_ALIASES.get(op, ()))})" for op in _SPECS)
     raise ValueError(f"unknown op {name!r}; known: {known}")
+
+
+@dataclass(frozen=True)
+class CastFloat8Table:
+    """The float8 conversion tables of one Cast version, where they differ by version.
+
+    QuantizeLinear's `saturate` refers to these tables; a model at opset N converts by the
+    Cast version in force at N (the newest since-version <= N), whatever QuantizeLinear
+    version it runs. Every version from 19 to 28 has the saturate=0 rows "-NaN -> -NaN"
+    (e4m3fn, e5m2) and "-Inf -> -NaN" (e4m3fn); tests/test_opspec.py reads each field back
+    from onnx.defs' table text.
+    """
+    since_version: int
+    # saturate=1, e4m3fnuz and e5m2fnuz: "Inf -> NaN" (True) or "Inf -> FLT_MAX" (False)
+    fnuz_inf_to_nan: bool
+    # saturate=0, e4m3fn and e5m2: a row "-NaN -> -NaN" (a NaN result keeps its sign)
+    negative_nan_row: bool
+
+
+# Cast versions from 19, the first with float8 (every QuantizeLinear float8 output is there).
+CAST_FLOAT8_TABLES: tuple[CastFloat8Table, ...] = (
+    CastFloat8Table(19, fnuz_inf_to_nan=True, negative_nan_row=True),
+    CastFloat8Table(21, fnuz_inf_to_nan=True, negative_nan_row=True),
+    CastFloat8Table(23, fnuz_inf_to_nan=True, negative_nan_row=True),
+    CastFloat8Table(24, fnuz_inf_to_nan=False, negative_nan_row=True),
+    CastFloat8Table(25, fnuz_inf_to_nan=False, negative_nan_row=True),
+    CastFloat8Table(28, fnuz_inf_to_nan=False, negative_nan_row=True),
+)
+
+
+def cast_float8_table(opset: int | None) -> CastFloat8Table:
+    """The float8 Cast table in force in a model at `opset` (None: NEWEST_OPSET)."""
+    if opset is None:
+        opset = NEWEST_OPSET
+    tables = [t for t in CAST_FLOAT8_TABLES if t.since_version <= opset]
+    if not tables:
+        raise ValueError(f"opset {opset} has no float8 Cast table (float8 types start at opset 19)")
+    return tables[-1]

@@ -9,10 +9,15 @@ Conversion rules (the project's decisions, see docs/semantics.md):
 * ``[x]`` is x rounded to nearest, ties to even, on the format's mantissa width with an
   unbounded exponent range (subnormals below the smallest normal); overflow is decided on
   ``[x]``, not on x. Example: e4m3fn 464 -> 448 (tie to even), anything above 464 overflows.
-* saturate: overflow and +-inf give +-max finite, FNUZ formats included (Cast-28).
-  Without saturate: e4m3fn, e4m3fnuz, e5m2fnuz give NaN; e5m2 gives +-inf (0x7C / 0xFC).
-* A NaN result is the canonical NaN: 0x7F for e4m3fn and e5m2 whatever the input's sign,
-  0x80 for the FNUZ formats.
+* NaN, +-inf and overflow follow the float8 tables of the Cast version in force at the
+  model's opset, transcribed row by row in ``CAST_ROWS`` (Cast-19 to 28; the only change
+  between versions: saturate=1 FNUZ +-Inf is NaN before Cast-24, +-max from 24).
+  saturate=1: overflow gives +-max. Without saturate: e4m3fn, e4m3fnuz, e5m2fnuz give NaN
+  (e4m3fn: 0x7F for both signs, the rows "[x] > FLT_MAX" and "[x] < -FLT_MAX" say NaN);
+  e5m2 gives +-inf (0x7C / 0xFC).
+* A NaN result keeps the sign where the table says -NaN (0xFF for e4m3fn and e5m2; the
+  saturate=1 table's NaN row is read as keeping the sign too); ``nan="canonical"`` makes
+  every such NaN 0x7F. FNUZ formats have one NaN, 0x80.
 * FNUZ formats have no -0: -0 and negative values that round to zero give 0x00. The other
   formats keep the sign of zero (-tiny -> 0x80).
 * float4_e2m1fn, float6_e2m3fn, float6_e3m2fn have no inf/NaN codes: overflow and +-inf give
@@ -50,6 +55,9 @@ __all__ = [
     "positive_values",
     "midpoints",
     "nan_code",
+    "cast_row",
+    "CAST_ROWS",
+    "NAN_OPTIONS",
     "BINARY_FORMATS",
     "round_half_even",
     "round_to_binary",
@@ -232,11 +240,52 @@ def finite_codes(fmt) -> list[int]:
 # --------------------------------------------------------------------------- encoding
 
 
-def nan_code(fmt) -> int:
-    """Code produced for a NaN result (NaN input, or overflow without saturation)."""
+# The float8 rows of the Cast tables (onnx.defs.get_schema("Cast", v).doc, v = 19..28) for
+# the inputs outside the finite range, per saturate and format kind ("fn": e4m3fn, "fnuz":
+# both FNUZ, "ieee": e5m2). Results: "NaN", "-NaN", "FLT_MAX", "-FLT_MAX", "Inf", "-Inf".
+# ">max" is "[x] > FLT_MAX", "<-max" is "[x] < -FLT_MAX".
+CAST_ROWS = {
+    1: {
+        "NaN": {"fn": "NaN", "fnuz": "NaN", "ieee": "NaN"},
+        # No "-NaN" row: a -NaN input is a NaN, and the table does not fix the sign of the
+        # result; docs/semantics.md keeps it, as the saturate=0 table does.
+        "-NaN": {"fn": "-NaN", "fnuz": "NaN", "ieee": "-NaN"},
+        "Inf": {"fn": "FLT_MAX", "fnuz": "FLT_MAX", "ieee": "FLT_MAX"},
+        "-Inf": {"fn": "-FLT_MAX", "fnuz": "-FLT_MAX", "ieee": "-FLT_MAX"},
+        ">max": {"fn": "FLT_MAX", "fnuz": "FLT_MAX", "ieee": "FLT_MAX"},
+        "<-max": {"fn": "-FLT_MAX", "fnuz": "-FLT_MAX", "ieee": "-FLT_MAX"},
+    },
+    0: {
+        "NaN": {"fn": "NaN", "fnuz": "NaN", "ieee": "NaN"},
+        "-NaN": {"fn": "-NaN", "fnuz": "NaN", "ieee": "-NaN"},
+        "Inf": {"fn": "NaN", "fnuz": "NaN", "ieee": "Inf"},
+        "-Inf": {"fn": "-NaN", "fnuz": "NaN", "ieee": "-Inf"},
+        ">max": {"fn": "NaN", "fnuz": "NaN", "ieee": "Inf"},
+        "<-max": {"fn": "NaN", "fnuz": "NaN", "ieee": "-Inf"},
+    },
+}
+# Cast-19, 21 and 23, saturate=1: "Inf -> NaN", "-Inf -> NaN" for the FNUZ formats.
+CAST_ROWS_BEFORE_24 = {("Inf", "fnuz"): "NaN", ("-Inf", "fnuz"): "NaN"}
+
+NAN_OPTIONS = ("spec", "canonical")
+
+
+def cast_row(fmt, row: str, saturate, opset: int = 28) -> str:
+    """The table's result for ``row`` of a float8 format at a model opset (>= 19)."""
     fmt = _fmt(fmt)
+    kind = fmt.kind
+    if saturate and opset < 24 and (row, kind) in CAST_ROWS_BEFORE_24:
+        return CAST_ROWS_BEFORE_24[(row, kind)]
+    return CAST_ROWS[int(bool(saturate))][row][kind]
+
+
+def nan_code(fmt, negative: bool = False, nan: str = "spec") -> int:
+    """Code of a NaN result: the table's NaN, or -NaN when ``negative`` (a row saying -NaN)."""
+    fmt = _fmt(fmt)
+    assert nan in NAN_OPTIONS
     if fmt.kind == "fn" or fmt.kind == "ieee":
-        return (1 << (fmt.n_bits - 1)) - 1  # 0x7F: positive, canonical
+        code = (1 << (fmt.n_bits - 1)) - 1  # 0x7F
+        return code | fmt.sign_mask if negative and nan == "spec" else code
     if fmt.kind == "fnuz":
         return fmt.sign_mask  # 0x80
     if fmt.kind == "none":
@@ -244,13 +293,30 @@ def nan_code(fmt) -> int:
     raise ValueError(f"{fmt.name} is decode-only here")
 
 
-def _overflow_code(fmt: FloatFormat, negative: bool, saturate: bool) -> int:
+def _row_code(fmt: FloatFormat, result: str, nan: str) -> int:
+    if result in ("NaN", "-NaN"):
+        return nan_code(fmt, result == "-NaN", nan)
+    negative = result.startswith("-")
     sign = fmt.sign_mask if negative else 0
-    if saturate or fmt.kind == "none":
+    if result.lstrip("-") == "FLT_MAX":
         return sign | fmt.max_code
-    if fmt.kind == "ieee":
-        return sign | fmt.inf_codes[0] & ~fmt.sign_mask  # 0x7C / 0xFC
-    return nan_code(fmt)
+    assert result.lstrip("-") == "Inf" and fmt.kind == "ieee"
+    return sign | fmt.inf_codes[0] & ~fmt.sign_mask  # 0x7C / 0xFC
+
+
+def _special_code(fmt: FloatFormat, row: str, saturate: bool, opset: int, nan: str) -> int:
+    """Code for a NaN / inf / overflow input (row as in CAST_ROWS)."""
+    if fmt.kind == "none":
+        # No inf/NaN codes: overflow and +-inf give +-max whatever saturate says, NaN +max.
+        if row in ("NaN", "-NaN"):
+            return fmt.max_code
+        return (fmt.sign_mask if row.startswith("-") or row == "<-max" else 0) | fmt.max_code
+    return _row_code(fmt, cast_row(fmt, row, saturate, opset), nan)
+
+
+def _overflow_code(fmt: FloatFormat, negative: bool, saturate: bool, opset: int = 28,
+                   nan: str = "spec") -> int:
+    return _special_code(fmt, "<-max" if negative else ">max", saturate, opset, nan)
 
 
 def _round_unbounded(fmt: FloatFormat, a: Fraction) -> Fraction:
@@ -286,19 +352,20 @@ def _code_of_magnitude(fmt: FloatFormat, r: Fraction) -> int:
     return ((e + fmt.bias) << fmt.man_bits) | int(m)
 
 
-def encode(fmt, value, saturate) -> int:
-    """Code of ``value`` (float or Fraction; a float may be NaN, inf or -0.0)."""
+def encode(fmt, value, saturate, opset: int = 28, nan: str = "spec") -> int:
+    """Code of ``value`` (float or Fraction; a float may be NaN, inf or -0.0) in a model at
+    ``opset`` (the Cast table in force), with quantize_linear's ``nan`` option."""
     fmt = _fmt(fmt)
     if fmt.kind == "e8m0":
         raise ValueError("float8_e8m0fnu is decode-only in this oracle")
     saturate = bool(saturate)
     if isinstance(value, float) or isinstance(value, np.floating):
         value = float(value)
-        if math.isnan(value):
-            return nan_code(fmt)
         negative = math.copysign(1.0, value) < 0
+        if math.isnan(value):
+            return _special_code(fmt, "-NaN" if negative else "NaN", saturate, opset, nan)
         if math.isinf(value):
-            return _overflow_code(fmt, negative, saturate)
+            return _special_code(fmt, "-Inf" if negative else "Inf", saturate, opset, nan)
         value = Fraction(value)
     else:
         value = Fraction(value)
@@ -306,7 +373,7 @@ def encode(fmt, value, saturate) -> int:
     a = abs(value)
     r = _round_unbounded(fmt, a) if a else Fraction(0)
     if r > fmt.max_finite:
-        return _overflow_code(fmt, negative, saturate)
+        return _overflow_code(fmt, negative, saturate, opset, nan)
     code = _code_of_magnitude(fmt, r)
     if negative and not (code == 0 and not fmt.has_negative_zero):
         code |= fmt.sign_mask
@@ -360,9 +427,9 @@ def _tables(fmt):
     return v64, m64, np.array(codes, dtype=np.int64)
 
 
-def encode_array(fmt, x, saturate) -> np.ndarray:
+def encode_array(fmt, x, saturate, opset: int = 28, nan: str = "spec") -> np.ndarray:
     """Vectorized ``encode`` over an array of float16/bfloat16/float32/float64 values
-    (converted to float64, exactly). Returns uint8 codes."""
+    (converted to float64, exactly; NaN signs kept). Returns uint8 codes."""
     fmt = _fmt(fmt)
     saturate = bool(saturate)
     with np.errstate(invalid="ignore"):  # ml_dtypes flags NaN casts as invalid
@@ -384,10 +451,12 @@ def encode_array(fmt, x, saturate) -> np.ndarray:
     out = np.where(negative, pos_code | fmt.sign_mask, pos_code)
     if not fmt.has_negative_zero:
         out = np.where(pos_code == 0, 0, out)
-    ovf_pos = _overflow_code(fmt, False, saturate)
-    ovf_neg = _overflow_code(fmt, True, saturate)
-    out = np.where(overflow | ~finite, np.where(negative, ovf_neg, ovf_pos), out)
-    out = np.where(np.isnan(x), nan_code(fmt), out)
+    def special(row):
+        return _special_code(fmt, row, saturate, opset, nan)
+
+    out = np.where(overflow & finite, np.where(negative, special("<-max"), special(">max")), out)
+    out = np.where(np.isinf(x), np.where(negative, special("-Inf"), special("Inf")), out)
+    out = np.where(np.isnan(x), np.where(negative, special("-NaN"), special("NaN")), out)
     return out.astype(np.uint8)
 
 

@@ -398,43 +398,46 @@ def test_ql_float16_ort_divides_in_float32(opset):
 # ------------------------------------------------------------ QuantizeLinear, small floats
 
 
-@entry("QL float8: sign of a NaN result")
-@pytest.mark.parametrize("saturate", [0, 1])
-def test_ql_float8_nan_sign(saturate):
-    x = np.array([NEG_NAN32], f32)
-    mine, ref, rt = quantize(x, np.array(1.0, f32), opset=21, output_dtype=17, saturate=saturate)
-    eq(mine, [fo.encode("float8_e4m3fn", float(x[0]), saturate)]), eq(mine, [0x7F])
-    eq(ref, [0xFF]), eq(rt, [0xFF])
-    mine, _, rt = quantize(x, np.array(1.0, f32), opset=21, output_dtype=19, saturate=saturate)
-    eq(mine, [0x7F]), eq(rt, [0xFF])  # onnx.reference: see the e5m2 entry
-    # 0/0 and inf/inf: the peers keep the sign of the NaN the CPU's division makes.
-    with np.errstate(invalid="ignore"):
-        made = np.array([0.0, np.inf], f32) / np.array([0.0, np.inf], f32)
-    peer = [0xFF if np.signbit(v) else 0x7F for v in made]
-    for (v, s), want_peer in zip([(0.0, 0.0), (np.inf, np.inf)], peer):
-        mine, ref, rt = quantize(np.array([v], f32), np.array(s, f32), opset=21, output_dtype=17,
-                                 saturate=saturate)
-        eq(mine, [0x7F]), eq(ref, [want_peer]), eq(rt, [want_peer])
+@entry("QL-19/21/23 FNUZ saturate=1: +-inf")
+@pytest.mark.parametrize("opset", [19, 21, 23, 24, 25])
+def test_ql_fnuz_inf_before_cast_24(opset):
+    for name, out in [("float8_e4m3fnuz", 18), ("float8_e5m2fnuz", 20)]:
+        zp = np.array(0, NUMPY_TYPE[out])
+        for x, s in [(np.array([np.inf, -np.inf], f32), 1.0), (np.array([1.0, -1.0], f32), 0.0)]:
+            with np.errstate(divide="ignore"):
+                q = x / f32(s)
+            mine, ref, rt = quantize(x, np.array(s, f32), zp, opset=opset)
+            eq(mine, [fo.encode(name, float(v), 1, opset=opset) for v in q])
+            eq(ref, [0x7F, 0xFF]), eq(rt, [0x7F, 0xFF])  # +-max at every opset
+            eq(mine, [0x80, 0x80] if opset < 24 else [0x7F, 0xFF])
 
 
 @entry("QL e5m2: onnx.reference NaN codes 0x7E / 0xFE")
 @pytest.mark.parametrize("opset", [19, 21, 23, 25])
 def test_ql_e5m2_reference_nan(opset):
     x = np.array([NAN32, NEG_NAN32], f32)
-    if opset < 21:
-        mine, ref, rt = quantize(x, np.array(1.0, f32), np.array(0, E5M2), opset=opset)
-    else:
-        mine, ref, rt = quantize(x, np.array(1.0, f32), opset=opset, output_dtype=19)
-    eq(mine, [fo.encode("float8_e5m2", float(v), 1) for v in x]), eq(mine, [0x7F, 0x7F])
-    eq(ref, [0x7E, 0xFE]), eq(rt, [0x7F, 0xFF])
+    for saturate in (0, 1):
+        if opset < 21:
+            mine, ref, rt = quantize(x, np.array(1.0, f32), np.array(0, E5M2), opset=opset,
+                                     saturate=saturate)
+        else:
+            mine, ref, rt = quantize(x, np.array(1.0, f32), opset=opset, output_dtype=19,
+                                     saturate=saturate)
+        eq(mine, [fo.encode("float8_e5m2", float(v), saturate, opset=opset) for v in x])
+        eq(mine, [0x7F, 0xFF])
+        eq(ref, [0x7E, 0xFE]), eq(rt, [0x7F, 0xFF])
 
 
 @entry("QL e4m3fn saturate=0: negative overflow")
 def test_ql_e4m3fn_negative_overflow():
-    x = np.array([-1000.0, -np.inf, -465.0, -1e30], f32)
+    x = np.array([-1000.0, -465.0, -1e30], f32)
     mine, ref, rt = quantize(x, np.array(1.0, f32), opset=21, output_dtype=17, saturate=0)
-    eq(mine, [fo.encode("float8_e4m3fn", float(v), 0) for v in x]), eq(mine, [0x7F] * 4)
-    eq(ref, [0xFF] * 4), eq(rt, [0xFF] * 4)
+    eq(mine, [fo.encode("float8_e4m3fn", float(v), 0, opset=21) for v in x]), eq(mine, [0x7F] * 3)
+    eq(ref, [0xFF] * 3), eq(rt, [0xFF] * 3)
+    # -inf has its own row, "-Inf -> -NaN": all three agree.
+    mine, ref, rt = quantize(np.array([-np.inf], f32), np.array(1.0, f32), opset=21,
+                             output_dtype=17, saturate=0)
+    eq(mine, [0xFF]), eq(ref, [0xFF]), eq(rt, [0xFF])
 
 
 @entry("QL e4m3fn saturate=0: onnxruntime 448 for 480 <= |q| < 496")
@@ -769,21 +772,24 @@ def test_agree_quantize_integers(opset, scale):
         assert_agree("QuantizeLinear", [x2, s, np.full(30, -5, np.int8)], {"axis": 0}, opset, [3])
 
 
-def _float8_agreeing_inputs(name, saturate):
-    """Every value and midpoint of the format (ties), their neighbours, and overflow cases the
-    peers handle as we do."""
+def _float8_agreeing_inputs(name, saturate, opset):
+    """Every value and midpoint of the format (ties), their neighbours, and overflow and NaN
+    cases the peers handle as we do."""
     fmt = fo.FORMATS[name]
     values, _ = fo.positive_values(fmt)
     points = [float(v) for v in values[:-1]] + [float(m) for m in fo.midpoints(fmt)]
     p = np.array(points, f32)
     near = np.concatenate([p, np.nextafter(p, f32(np.inf)), np.nextafter(p, f32(0))])
     x = np.concatenate([near, -near[near > 0]])
-    extra = [1e6, np.inf, 1e-30] + ([NAN32] if name != "float8_e5m2" else [])
+    extra = [1e6, 1e-30] + ([NAN32, NEG_NAN32] if name != "float8_e5m2" else [])
+    extra += [np.inf] if fmt.kind != "fnuz" or not saturate or opset >= 24 else []
     if saturate or fmt.kind == "fnuz":
-        extra += [-1e6, -np.inf]
+        extra += [-1e6] + ([-np.inf] if fmt.kind != "fnuz" or not saturate or opset >= 24 else [])
+    elif name == "float8_e4m3fn":
+        extra += [-np.inf]  # "-Inf -> -NaN": 0xFF in all three
     x = np.concatenate([x, np.array(extra, f32)])
     if name == "float8_e4m3fn" and not saturate:
-        x = x[~((x < 0) & (np.abs(x) > 464))]  # negative overflow: own entry
+        x = x[~((x < 0) & (np.abs(x) > 464) & np.isfinite(x))]  # negative overflow: own entry
         x = x[~((np.abs(x) >= 480) & (np.abs(x) < 496))]  # onnxruntime's 448 range
     if name == "float8_e5m2" and not saturate:
         x = x[~((np.abs(x) >= 61440) & (np.abs(x) < 65536))]
@@ -797,7 +803,7 @@ F8 = [("float8_e4m3fn", 17), ("float8_e4m3fnuz", 18), ("float8_e5m2", 19), ("flo
 @pytest.mark.parametrize("saturate", [0, 1])
 @pytest.mark.parametrize("name,out", F8)
 def test_agree_quantize_float8(opset, saturate, name, out):
-    x = _float8_agreeing_inputs(name, saturate)
+    x = _float8_agreeing_inputs(name, saturate, opset)
     x = x[x != 0]  # +-0: see the zero-point entry; checked below without a zero point
     attrs = {"saturate": saturate}
     if opset >= 21:
@@ -807,6 +813,26 @@ def test_agree_quantize_float8(opset, saturate, name, out):
                      dict(attrs, output_dtype=out), opset, [out])
     zp = np.array(0, NUMPY_TYPE[out])
     assert_agree("QuantizeLinear", [x, np.array(1.0, f32), zp], attrs, opset, [out])
+
+
+@pytest.mark.parametrize("opset", [19, 21, 23, 25])
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_agree_float8_nan_signs(opset, saturate):
+    # The tables' "-NaN -> -NaN": the sign of a NaN survives, whatever its payload; 0/0 and
+    # inf/inf make the CPU's default NaN (negative on x86-64), the same in all three.
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF],
+                    np.uint32).view(f32)
+    x = np.concatenate([nans, np.array([0.0, np.inf, 1.0], f32)])
+    s = np.concatenate([np.ones(nans.size, f32), np.array([0.0, np.inf, np.nan], f32)])
+    attrs = {"saturate": saturate, "axis": 0}
+    for out in (17, 18, 19, 20):
+        zp = np.zeros(x.size, NUMPY_TYPE[out])
+        assert_agree("QuantizeLinear", [x, s, zp], attrs, opset, [out], ref=out != 19)
+    with np.errstate(invalid="ignore"):
+        q = x / s
+    mine = qemu_q.quantize_linear(x, s, np.zeros(x.size, E4M3FN), axis=0, saturate=saturate,
+                                  opset=opset)
+    eq(codes(mine), [fo.encode("float8_e4m3fn", float(v), saturate, opset=opset) for v in q])
 
 
 @pytest.mark.parametrize("opset", [23, 25])

@@ -193,13 +193,15 @@ def test_reencode_every_code(fmt, saturate):
     for c in codes[~finite]:
         v = fo.decode(fmt, int(c))
         if v == "nan":
-            assert expected[c] == fo.nan_code(fmt)
+            assert expected[c] == fo.nan_code(fmt, negative=bool(c & fmt.sign_mask))
         else:
             assert expected[c] == (c - 1 if saturate else c)  # e5m2 inf: max or inf
+    # "-NaN -> -NaN": a NaN keeps its sign (docs/semantics.md).
     if fmt.name == "float8_e4m3fn":
-        assert expected[0xFF] == 0x7F and expected[0x7F] == 0x7F
+        assert expected[0xFF] == 0xFF and expected[0x7F] == 0x7F
     if fmt.name == "float8_e5m2":
-        assert (expected[[0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF]] == 0x7F).all()
+        assert (expected[[0x7D, 0x7E, 0x7F]] == 0x7F).all()
+        assert (expected[[0xFD, 0xFE, 0xFF]] == 0xFF).all()
     assert_codes(got, expected, x, f"{fmt.name} re-encode saturate={saturate}")
 
 
@@ -211,8 +213,9 @@ def test_reencode_every_code(fmt, saturate):
 @pytest.mark.parametrize("src", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
 def test_all_half_inputs(fmt, saturate, src):
     x = np.arange(1 << 16, dtype=np.uint16).view(src)
-    expected = fo.encode_array(fmt, x, saturate)
     for opset in opsets(fmt):
+        # FNUZ +-inf with saturate=1: NaN at opset 19 (Cast-19), +-max at 28.
+        expected = fo.encode_array(fmt, x, saturate, opset=opset)
         got = quantize(x, scalar(1.0, src), fmt, saturate, opset=opset)
         assert_codes(got, expected, x, f"{fmt.name} from {np.dtype(src).name} saturate={saturate} opset={opset}")
 
@@ -478,17 +481,22 @@ def test_negative_zero_kept(fmt):
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f.has_nan], ids=lambda f: f.name)
 @pytest.mark.parametrize("saturate", [0, 1])
-def test_nan_input_gives_canonical_nan(fmt, saturate):
+def test_nan_input_keeps_its_sign(fmt, saturate):
+    # The Cast tables' "-NaN -> -NaN" (e4m3fn, e5m2); nan="canonical": 0x7F for every NaN.
     nan_bits = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF], dtype=np.uint32)
     x = nan_bits.view(np.float32)
-    expected = {"fn": 0x7F, "ieee": 0x7F, "fnuz": 0x80}[fmt.kind]
-    assert_codes(quantize(x, scalar(1.0, np.float32), fmt, saturate), [expected] * 4, x, f"{fmt.name} NaN")
-    for half in (np.float16, ml_dtypes.bfloat16):
-        xh = np.array([0x7E00, 0xFE00, 0x7C01, 0xFFFF], dtype=np.uint16)
-        if half is ml_dtypes.bfloat16:
-            xh = np.array([0x7FC0, 0xFFC0, 0x7F81, 0xFFFF], dtype=np.uint16)
-        xh = xh.view(half)
-        assert_codes(quantize(xh, scalar(1.0, half), fmt, saturate), [expected] * 4, xh, f"{fmt.name} NaN")
+    expected = {"fn": [0x7F, 0xFF] * 2, "ieee": [0x7F, 0xFF] * 2, "fnuz": [0x80] * 4}[fmt.kind]
+    canonical = {"fn": [0x7F] * 4, "ieee": [0x7F] * 4, "fnuz": [0x80] * 4}[fmt.kind]
+    for nan, want in [("spec", expected), ("canonical", canonical)]:
+        got = quantize(x, scalar(1.0, np.float32), fmt, saturate, nan=nan)
+        assert_codes(got, want, x, f"{fmt.name} NaN nan={nan}")
+        for half in (np.float16, ml_dtypes.bfloat16):
+            xh = np.array([0x7E00, 0xFE00, 0x7C01, 0xFFFF], dtype=np.uint16)
+            if half is ml_dtypes.bfloat16:
+                xh = np.array([0x7FC0, 0xFFC0, 0x7F81, 0xFFFF], dtype=np.uint16)
+            xh = xh.view(half)
+            got = quantize(xh, scalar(1.0, half), fmt, saturate, nan=nan)
+            assert_codes(got, want, xh, f"{fmt.name} NaN nan={nan}")
 
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f.has_nan], ids=lambda f: f.name)
@@ -550,3 +558,99 @@ def test_float_zero_point(fmt):
         qemu_q.quantize_linear(x, one, nonzero, opset=LATEST)
     with pytest.raises(ValueError):
         qemu_q.dequantize_linear(codes_array(fmt, all_codes(fmt)), one, nonzero, opset=LATEST)
+
+
+# ------------------------------------- the Cast table in force: NaN, inf, overflow, zeros
+
+CAST_OPSETS = [19, 21, 23, 24, 25, 28]
+FLOAT8 = [f for f in FORMATS if f.name.startswith("float8")]
+# NaN bit patterns of each x type: quiet and signalling, both signs, several payloads.
+NAN_PATTERNS = {
+    np.dtype(np.float32): [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF,
+                           0xFFFFFFFF, 0x7FA00000, 0xFFA00000, 0x7FC12345, 0xFFC12345],
+    np.dtype(np.float16): [0x7E00, 0xFE00, 0x7C01, 0xFC01, 0x7FFF, 0xFFFF, 0x7D00, 0xFD00],
+    np.dtype(ml_dtypes.bfloat16): [0x7FC0, 0xFFC0, 0x7F81, 0xFF81, 0x7FFF, 0xFFFF, 0x7FA0,
+                                   0xFFA0],
+}
+
+
+def special_inputs(fmt, src):
+    """+-NaN (every pattern above), +-inf, +-0, +-max, the midpoint above max (a tie that
+    goes to max), the values just past it and far past it, the largest finite x."""
+    src = np.dtype(src)
+    nans = np.array(NAN_PATTERNS[src], dtype=UINT[src.itemsize]).view(src)
+    top = float(fo.midpoints(fmt)[-1])
+    with np.errstate(over="ignore"):
+        finite = np.array([0.0, float(fmt.max_finite), top, top * 1.01, 2 * top, 1e4,
+                           float(ml_dtypes.finfo(src).max)], dtype=np.float64).astype(src)
+    finite = finite[np.isfinite(finite)]
+    values = np.concatenate([finite, -finite, np.array([np.inf, -np.inf], dtype=src)])
+    return np.concatenate([nans, values])
+
+
+@pytest.fixture(params=[True, False], ids=["fast", "general"])
+def kernel_path(request, monkeypatch):
+    monkeypatch.setattr(qemu_q._dispatch, "FAST_KERNELS", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("fmt", FLOAT8, ids=lambda f: f.name)
+@pytest.mark.parametrize("saturate", [0, 1])
+@pytest.mark.parametrize("opset", CAST_OPSETS)
+@pytest.mark.parametrize("src", [np.float32, np.float16, ml_dtypes.bfloat16],
+                         ids=["float32", "float16", "bfloat16"])
+def test_cast_table_special_values(fmt, saturate, opset, src, kernel_path):
+    # Tiled so that two threads get several tasks each; the codes must not depend on it.
+    x = np.tile(special_inputs(fmt, src), 8192)
+    for nan in fo.NAN_OPTIONS:
+        expected = fo.encode_array(fmt, x, saturate, opset=opset, nan=nan)
+        for n_threads in (1, 2):
+            got = quantize(x, scalar(1.0, src), fmt, saturate, opset=opset, nan=nan,
+                           n_threads=n_threads)
+            assert_codes(got, expected, x, f"{fmt.name} saturate={saturate} opset={opset} "
+                                           f"nan={nan} n_threads={n_threads}")
+    if opset >= 21:  # blocked along the last axis: the float32 block loops
+        xb = x[: x.size // 32 * 32].reshape(-1, 32)
+        s = np.ones((xb.shape[0], 1), dtype=src)
+        got = qemu_q.quantize_linear(xb, s, axis=1, block_size=32, saturate=saturate, opset=opset,
+                                     output_dtype=fo.ONNX_NAME[fmt.name]).view(np.uint8)
+        assert_codes(got, fo.encode_array(fmt, xb, saturate, opset=opset), xb, "blocked")
+
+
+def test_cast_table_rows_pinned():
+    # The rows the tables of the versions differ on, and the signed NaN rows, spelled out.
+    e4, e4z, e5, e5z = (fo.FORMATS[n] for n in ("float8_e4m3fn", "float8_e4m3fnuz",
+                                               "float8_e5m2", "float8_e5m2fnuz"))
+    x = np.array([np.inf, -np.inf, np.nan, np.nan, -1e6, 1e6], dtype=np.float32)
+    x[2:4] = np.array([0x7FC00000, 0xFFC00000], np.uint32).view(np.float32)
+    want = {  # (format, saturate, opset): codes of x
+        (e4, 0, 28): [0x7F, 0xFF, 0x7F, 0xFF, 0x7F, 0x7F],
+        (e4, 1, 28): [0x7E, 0xFE, 0x7F, 0xFF, 0xFE, 0x7E],
+        (e5, 0, 28): [0x7C, 0xFC, 0x7F, 0xFF, 0xFC, 0x7C],
+        (e5, 1, 28): [0x7B, 0xFB, 0x7F, 0xFF, 0xFB, 0x7B],
+        (e4z, 1, 23): [0x80, 0x80, 0x80, 0x80, 0xFF, 0x7F],
+        (e4z, 1, 24): [0x7F, 0xFF, 0x80, 0x80, 0xFF, 0x7F],
+        (e5z, 1, 21): [0x80, 0x80, 0x80, 0x80, 0xFF, 0x7F],
+        (e5z, 1, 25): [0x7F, 0xFF, 0x80, 0x80, 0xFF, 0x7F],
+        (e5z, 0, 25): [0x80, 0x80, 0x80, 0x80, 0x80, 0x80],
+    }
+    for (fmt, saturate, opset), codes in want.items():
+        assert fo.encode_array(fmt, x, saturate, opset=opset).tolist() == codes
+        got = quantize(x, scalar(1.0, np.float32), fmt, saturate, opset=opset)
+        assert got.tolist() == codes, (fmt.name, saturate, opset)
+    canonical = quantize(x, scalar(1.0, np.float32), e4, 0, nan="canonical")
+    assert canonical.tolist() == [0x7F, 0x7F, 0x7F, 0x7F, 0x7F, 0x7F]
+
+
+def test_nan_option_is_validated_and_keyed():
+    x, one = np.array([-np.nan], dtype=np.float32), scalar(1.0, np.float32)
+    x[0] = np.array([0xFFC00000], np.uint32).view(np.float32)[0]
+    for bad in ("Spec", "", None, 1, ["spec"]):
+        with pytest.raises(ValueError, match=r"nan=.*allowed 'spec' or 'canonical'"):
+            qemu_q.quantize_linear(x, one, output_dtype="float8e4m3fn", nan=bad)
+    # One signature, two options: the cached plan must tell them apart.
+    for nan, code in [("spec", 0xFF), ("canonical", 0x7F), ("spec", 0xFF)]:
+        y = qemu_q.quantize_linear(x, one, output_dtype="float8e4m3fn", nan=nan)
+        assert y.view(np.uint8).tolist() == [code]
+    with pytest.raises(ValueError, match="no attribute 'nan'"):
+        qemu_q.run_op("QuantizeLinear", [x, one], {"nan": "canonical"}, 28)

@@ -331,3 +331,62 @@ def test_describe_mentions_every_field(op_type, version):
         for type_str in allowed:
             assert type_str in text
     assert spec.output_type_rule in text
+
+
+# ------------------------------------------------ the float8 tables of each Cast version
+
+def cast_float8_rows(doc: str) -> dict[int, dict[str, dict[str, str]]]:
+    """The two float8 tables of a Cast doc: {saturate: {row: {format: result}}}, read from
+    the markdown ("\\[x\\] > FLT_MAX" becomes "[x] > FLT_MAX")."""
+    tables, current, header = [], None, None
+    for line in doc.splitlines():
+        cells = [c.strip().replace("\\", "") for c in line.strip().strip("|").split("|")]
+        if line.startswith("| x ") and "E4M3FN" in line:
+            header, current = cells[1:], {}
+            tables.append(current)
+        elif current is not None and line.startswith("|") and not set(cells[0]) <= {"-", " "}:
+            current[cells[0]] = dict(zip(header, cells[1:]))
+        elif current is not None and not line.startswith("|"):
+            current = None
+    saturating, non_saturating = tables[:2]  # the doc's order: saturate=1, then saturate=0
+    return {1: saturating, 0: non_saturating}
+
+
+def test_cast_float8_tables_match_the_cast_docs(defs):
+    from qemu_q._opspec import CAST_FLOAT8_TABLES, cast_float8_table
+
+    versions = sorted({s.since_version for s in defs.get_all_schemas_with_history()
+                       if s.name == "Cast" and s.domain == "" and s.since_version >= 19})
+    assert [t.since_version for t in CAST_FLOAT8_TABLES] == versions
+    for table in CAST_FLOAT8_TABLES:
+        rows = cast_float8_rows(defs.get_schema("Cast", table.since_version).doc)
+        for fmt in ("E4M3FNUZ", "E5M2FNUZ"):
+            assert rows[1]["Inf"][fmt] == ("NaN" if table.fnuz_inf_to_nan else "FLT_MAX")
+            assert rows[1]["-Inf"][fmt] == ("NaN" if table.fnuz_inf_to_nan else "-FLT_MAX")
+        for fmt in ("E4M3FN", "E5M2"):
+            assert (rows[0].get("-NaN", {}).get(fmt) == "-NaN") == table.negative_nan_row
+        assert "-NaN" not in rows[1]  # the saturate=1 table has no sign row for NaN
+    assert cast_float8_table(None) is CAST_FLOAT8_TABLES[-1]
+    assert [cast_float8_table(n).since_version for n in (19, 20, 22, 23, 24, 26, 27, 28)] == [
+        19, 19, 21, 23, 24, 25, 25, 28]
+
+
+def test_the_oracle_transcribes_the_cast_docs(defs):
+    # tests/float_oracle.py's CAST_ROWS are the tests' reading of the tables: every row
+    # they name, as the doc of every version writes it.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import float_oracle as fo
+
+    names = {"float8_e4m3fn": "E4M3FN", "float8_e4m3fnuz": "E4M3FNUZ",
+             "float8_e5m2": "E5M2", "float8_e5m2fnuz": "E5M2FNUZ"}
+    doc_row = {"NaN": "NaN", "-NaN": "-NaN", "Inf": "Inf", "-Inf": "-Inf",
+               ">max": "[x] > FLT_MAX", "<-max": "[x] < -FLT_MAX"}
+    for version in (19, 21, 23, 24, 25, 28):
+        rows = cast_float8_rows(defs.get_schema("Cast", version).doc)
+        for saturate in (0, 1):
+            for row, text in doc_row.items():
+                for name, column in names.items():
+                    if saturate and row == "-NaN":
+                        continue  # no such row: the oracle's reading is in docs/semantics.md
+                    got = fo.cast_row(name, row, saturate, version)
+                    assert got == rows[saturate][text][column], (version, saturate, row, name)

@@ -14,9 +14,9 @@ from .._buffers import (
 from .._dispatch import Path
 from .._dtypes import (
     CODE_INTEGER, CODE_SMALL_FLOAT, FMT_FLOAT32, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, PATH_GENERAL,
-    ElementType, array_element_type,
+    SF_RULE_FNUZ_INF_NAN, SF_RULE_NAN_SIGN, ElementType, array_element_type,
 )
-from .._opspec import get_spec, normalize_opset
+from .._opspec import cast_float8_table, get_spec, normalize_opset
 from .._pack import packed_size
 from .._params import check_zero_point_values, kernel_parameters
 from .._registry import register
@@ -28,6 +28,9 @@ from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity,
 )
 
+# Values of quantize_linear's `nan`: the Cast table's signed NaN, or the one NaN code some
+# hardware writes whatever the sign (0x7F; NVIDIA's conversion instructions).
+NAN_OPTIONS = ("spec", "canonical")
 _FLOAT32_DIVISION_X = ("float", "float16", "bfloat16")
 _FLOAT32_DIVISION_SCALES = ("float", "float16", "bfloat16", "float8e8m0")
 
@@ -57,7 +60,7 @@ class QuantizePlan:
 
 @lru_cache(maxsize=512)
 def quantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec | None, axis,
-                  block_size, saturate, precision, output_dtype, fast_kernels) -> QuantizePlan:
+                  block_size, saturate, precision, output_dtype, nan, fast_kernels) -> QuantizePlan:
     # Everything that depends on types, shapes and attributes only, validated once per
     # signature: repeated calls (a model's layers, a sweep) skip straight to the kernel.
     spec = get_spec("QuantizeLinear", opset)
@@ -69,6 +72,8 @@ def quantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec |
     check_attribute(spec, opset, "output_dtype", output_dtype, None)
     if saturate not in (0, 1):
         raise ValueError(f"{where}: saturate={saturate}; allowed 0 or 1")
+    if not isinstance(nan, str) or nan not in NAN_OPTIONS:
+        raise ValueError(f"{where}: nan={nan!r}; allowed {' or '.join(map(repr, NAN_OPTIONS))}")
 
     x_type = array_element_type(x, "x")
     scale_type = array_element_type(scale, "y_scale")
@@ -99,6 +104,14 @@ def quantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec |
         path = PATH_F32_INTEGER if integer else PATH_F32_SMALL_FLOAT
     else:
         path = PATH_GENERAL
+    small_float_rules = 0
+    if out_type.kind == "small_float" and opset >= 19:
+        # float8 arrives at 19 with the Cast tables; float4/float6 later, with none.
+        table = cast_float8_table(opset)
+        if table.negative_nan_row and nan == "spec":
+            small_float_rules |= SF_RULE_NAN_SIGN
+        if table.fnuz_inf_to_nan:
+            small_float_rules |= SF_RULE_FNUZ_INF_NAN
     fields = dict(
         outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
         block_size=gran.block_size, x_format=x_type.value_format,
@@ -108,7 +121,7 @@ def quantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec |
         mask=(1 << out_type.bits) - 1 if integer else 0,
         small_float_id=0 if integer else out_type.small_float_id,
         saturate=bool(saturate) if saturate_applies(spec, out_type) else True,
-        path=path, code_bits=out_type.bits,
+        small_float_rules=small_float_rules, path=path, code_bits=out_type.bits,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 
@@ -116,7 +129,7 @@ def quantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec |
 @in_default_fp_environment
 def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
                     saturate=1, precision=0, opset=None, out=None, packed=False,
-                    n_threads=None) -> np.ndarray:
+                    n_threads=None, nan="spec") -> np.ndarray:
     """ONNX QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point), bit-exact.
 
     `opset` selects the version (newest since-version <= opset; None: 28). Types follow
@@ -128,6 +141,11 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     int4/uint4/float4 two per byte, int2/uint2 four, float6 four in three), quantized and
     packed in one pass; `out` must then be such a uint8 array. `n_threads` overrides the
     default thread count (`set_num_threads`); the bits never depend on it.
+
+    `nan` (not an ONNX attribute) picks the NaN codes of e4m3fn and e5m2: "spec" (default)
+    follows the Cast table in force at `opset` (a NaN keeps its sign: 0x7F / 0xFF, and
+    -Inf with saturate=0 gives 0xFF in e4m3fn); "canonical" writes 0x7F for every NaN
+    result, as NVIDIA's conversion instructions do. See docs/semantics.md.
     """
     x = _coerce.as_array(x, "x")
     scale = _coerce.as_array(y_scale, "y_scale")
@@ -138,7 +156,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
         None if zero_point is None else ArraySpec(zero_point.dtype, zero_point.shape),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.int_attribute(saturate, "saturate", allow_bool=True),
-        _coerce.int_attribute(precision, "precision"), _coerce.output_dtype(output_dtype),
+        _coerce.int_attribute(precision, "precision"), _coerce.output_dtype(output_dtype), nan,
         _dispatch.FAST_KERNELS,
     ))
     out_type = plan.out_type
