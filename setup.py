@@ -203,6 +203,19 @@ def file_digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def render_templates():
+    """Expand every pyx/*.tp (Tempita, shipped with Cython) into the file it names: code
+    that differs only by constants is generated rather than spelled out."""
+    from Cython import Tempita
+
+    for name in sorted(os.listdir(PYX_DIR)):
+        if name.endswith(".tp"):
+            path = os.path.join(PYX_DIR, name)
+            with open(path) as f:
+                text = Tempita.sub(f.read())
+            write_if_changed(path[:-3], text)
+
+
 def cython_sources_digest():
     # Every module may include or cimport any file of pyx/, so any change there
     # regenerates all of them (a few seconds).
@@ -332,6 +345,7 @@ class BuildExt(build_ext):
             "nonecheck": False,
             "embedsignature": True,
         }
+        render_templates()
         inputs = cython_sources_digest()
         stale = []
         for ext in self.extensions:

@@ -334,55 +334,11 @@ cdef inline int32_t saturate_biased(int32_t biased, int32_t zero_point, int32_t 
     return biased - <int32_t>ROUND_MAGIC_BITS + zero_point
 
 
-cdef inline int encode_small_float(double q, const SmallFloatFormat* f,
-                                   const SmallFloatSpecials* s) noexcept nogil:
-    # Rounding keeps the sign (a tiny negative rounds to -0), so q's sign bit is the code's.
-    cdef int sign = (1 << (f.width - 1)) if double_bits(q) >> 63 else 0
-    cdef int exponent
-    cdef uint64_t b
-    cdef double r, a
-    if isnan(q):
-        return s.nan_code | (sign & s.nan_sign)
-    if isinf(q):
-        return s.inf_code | (sign & s.inf_sign)
-    r = round_to_precision(q, 0.0, f.mantissa_bits, f.min_exponent)
-    a = fabs(r)
-    if a > f.max_finite:
-        return s.overflow_code | (sign & s.overflow_sign)
-    if a == 0.0:
-        return 0 if f.unsigned_zero else sign
-    b = double_bits(a)
-    exponent = <int>(b >> 52) - 1023
-    if exponent < f.min_exponent:
-        return sign | <int>(a * pow2(f.mantissa_bits - f.min_exponent))
-    return sign | ((exponent + f.bias) << f.mantissa_bits) | <int>((b >> (52 - f.mantissa_bits)) & ((1 << f.mantissa_bits) - 1))
-
-
-cdef inline double decode_small_float(int code, const SmallFloatFormat* f) noexcept nogil:
-    cdef int sign_bit = 1 << (f.width - 1)
-    cdef int magnitude = code & (sign_bit - 1)
-    cdef int exponent = magnitude >> f.mantissa_bits
-    cdef int mantissa = magnitude & ((1 << f.mantissa_bits) - 1)
-    cdef double v
-    if code == f.nan_code or (f.nan_code >= 0 and not f.unsigned_zero and magnitude == f.nan_code):
-        v = bits_double(0x7FF8000000000000)
-    elif f.inf_code >= 0 and magnitude == f.inf_code:
-        v = 1.0 / 0.0
-    elif f.inf_code >= 0 and magnitude > f.inf_code:
-        v = bits_double(0x7FF8000000000000)  # e5m2 NaN codes 0x7D-0x7F
-    elif exponent == 0:
-        v = mantissa * pow2(f.min_exponent - f.mantissa_bits)
-    else:
-        v = ((1 << f.mantissa_bits) + mantissa) * pow2(exponent - f.bias - f.mantissa_bits)
-    if code & sign_bit:
-        v = -v  # the FNUZ NaN 0x80 included: NaN codes keep their sign bit
-    return v
-
-
-# Encoding a float32 value into a small float with integer operations on its bits: the
-# per-format constants are loop invariants, so one branch-free loop serves every format
-# and vectorizes (uniform shifts, compares, selects). Bit-exact with encode_small_float for
-# every float32 input (the exhaustive tests run both).
+# The one small-float encoder: a float32 value into a small float with integer operations
+# on its bits. The per-format constants are loop invariants, so one branch-free loop
+# serves every format and vectorizes (uniform shifts, compares, selects). Every quotient
+# the kernels encode is a float32 value (the division precision is float32, float16 or
+# bfloat16), so no wider input is needed; tests/float_oracle.py checks it exhaustively.
 cdef struct SmallFloat32Encoder:
     int32_t shift          # 23 - mantissa bits
     int32_t round_bias     # half an ulp of the target, minus one, in float32 mantissa units
@@ -393,7 +349,7 @@ cdef struct SmallFloat32Encoder:
     int32_t sign_shift     # width - 1: where the sign bit goes
     int32_t max_code
     int32_t zero_sign      # all ones when -0 exists, 0 for FNUZ
-    SmallFloatSpecials special  # NaN, inf and overflow codes: encode_small_float's
+    SmallFloatSpecials special  # NaN, inf and overflow codes of the Cast table in force
 
 
 cdef inline SmallFloat32Encoder small_float32_encoder(int fmt_id, bint saturate, int rules) noexcept nogil:
@@ -454,9 +410,9 @@ cdef inline float select_f32(bint condition, float if_true, float if_false) noex
     return bits_float(<uint32_t>select_i32(condition, <int32_t>float_bits(if_true), <int32_t>float_bits(if_false)))
 
 
-# Decoding a small-float code into its float32 value with integer operations, for the
-# vectorized DequantizeLinear loops: the same values (bit for bit, NaN signs included) as
-# decode_small_float, whose table serves the general loops.
+# The one small-float decoder: a code into its float32 value (exact: every small-float
+# value is a float32) with integer operations, for the vectorized DequantizeLinear loops
+# and for the 256-entry table of the general ones. NaN codes keep their sign bit.
 cdef struct SmallFloat32Decoder:
     int32_t code_mask         # the code's width
     int32_t sign_shift        # width - 1

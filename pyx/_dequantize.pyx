@@ -13,14 +13,14 @@ from libc.math cimport fabs, fma
 from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uintptr_t
 
 from _codecs cimport (
-    y_storage_t, SmallFloatFormat, small_float_format, decode_small_float,
+    y_storage_t,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32, select_f32,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, SF_COUNT, round_to_value_format,
     pack_value_format,
 )
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
-    layout_tasks, layout_parameters, cursor_at, next_segment,
+    layout_tasks, layout_parameters, cursor_at, next_segment, next_block_run,
 )
 from _tasks cimport run_tasks
 from _subbyte cimport unpack_codes
@@ -44,9 +44,10 @@ ctypedef fused dq_code_t:
 # Integer codes of 8 bits or fewer into float32, written with streaming stores straight
 # from the registers (AVX-512 builds only): the arithmetic of run_integer_bytes_f32,
 # operation for operation (the code's bits moved to the top of an int32 and back, the
-# conversion, x - zero_point, the product). 10% faster than computing into an L1 buffer
-# and streaming that (4096x4096 int8 -> float32 at 2 threads), which the other outputs
-# of 8 MiB or more still do.
+# conversion, x - zero_point, the product). Faster than computing into an L1 buffer and
+# streaming that, which the other outputs of 8 MiB or more still do (docs/performance.md).
+# The output is aligned to its elements (check_aligned), so the head before the first
+# 64-byte line is a whole number of values.
 cdef extern from *:
     """
     #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -263,35 +264,19 @@ cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, P
 cdef inline void dequantize_last_axis_blocks(const uint8_t* x, float* y, Py_ssize_t start,
                                              Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # Blocked along the last axis, 8-bit codes decoded on the bits into float32: one short
-    # run per block, walked without the cursor's generality (consecutive blocks have
-    # consecutive parameters, from one row to the next too).
+    # run per block, one scale each, without the general segment's branches.
     cdef Cursor c
-    cdef Py_ssize_t pos = start
-    cdef Py_ssize_t block_size = p.layout.block_size
-    cdef Py_ssize_t axis_len = p.layout.axis_len
-    cdef Py_ssize_t n, j, in_block, param
+    cdef Segment run
     cursor_at(&p.layout, start, end, &c)
-    j = c.j
-    in_block = c.in_block
-    param = c.o * p.layout.n_blocks + c.block
-    while pos < end:
-        n = min(min(block_size - in_block, axis_len - j), end - pos)
+    while next_block_run(&p.layout, &c, &run):
         if p.integer_bytes:
-            run_integer_bytes_f32(x + (pos - start), y + (pos - start), n, p.scale32 + param,
-                                  p.zero_point32 + param, False, p.code_shift, p.code_signed)
+            run_integer_bytes_f32(x + (run.start - start), y + (run.start - start), run.length,
+                                  p.scale32 + run.param_index, p.zero_point32 + run.param_index,
+                                  False, p.code_shift, p.code_signed)
         else:
-            run_small_float_bytes_f32(x + (pos - start), y + (pos - start), n, p.scale32 + param,
-                                      p.zero_point32 + param, False, &p.decoder)
-        pos += n
-        j += n
-        in_block += n
-        if j == axis_len:
-            j = 0
-            in_block = 0
-            param += 1
-        elif in_block == block_size:
-            in_block = 0
-            param += 1
+            run_small_float_bytes_f32(x + (run.start - start), y + (run.start - start), run.length,
+                                      p.scale32 + run.param_index, p.zero_point32 + run.param_index,
+                                      False, &p.decoder)
 
 
 cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
@@ -560,11 +545,10 @@ def dequantize_packed(const uint8_t[::1] packed, scale, zero_point, y_storage_t[
 
 def decode_table(int small_float_id):
     """float32 value of each of the 256 codes of a small-float format (one code per byte)."""
-    cdef SmallFloatFormat f = small_float_format(small_float_id)
-    cdef int n = 1 << f.width
+    cdef SmallFloat32Decoder decoder = small_float32_decoder(small_float_id)
     cdef int code
     values = np.zeros(256, dtype=np.float32)
     cdef float[::1] view = values
     for code in range(256):
-        view[code] = <float>decode_small_float(code & (n - 1), &f)
+        view[code] = decode_small_float32(code, &decoder)
     return values

@@ -11,8 +11,8 @@
 cdef enum:
     # Elements per task: from MIN_TASK to MAX_TASK, aiming at 4 tasks per thread (see
     # set_task_size). Long tasks keep each thread streaming through one contiguous run
-    # (512 KB of float32 at most: with 128 KB ones, two threads interleaving them ran 20%
-    # slower); several per thread bound what a preempted thread can hold up. Multiples of
+    # (512 KB of float32 at most; shorter ones interleaved between two threads ran slower);
+    # several per thread bound what a preempted thread can hold up. Multiples of
     # 4096, so that tasks start on whole bytes of every packed layout (2 codes per byte,
     # 4 per byte, 4 codes in 3 bytes) and on whole pack/unpack buffers.
     MIN_TASK = 16384
@@ -187,8 +187,20 @@ cdef inline bint next_segment(const Layout* L, Cursor* c, Segment* s) noexcept n
             c.j = 0
             c.o += 1
         return True
-    # Blocked along the innermost axis: the rest of the current block.
+    return next_block_run(L, c, s)
+
+
+cdef inline bint next_block_run(const Layout* L, Cursor* c, Segment* s) noexcept nogil:
+    # Blocked along the innermost axis (inner == 1): the rest of the current block, one
+    # scale and zero point, and the cursor moved past it; False at the end of the range.
+    # Consecutive blocks have consecutive parameters, from one row to the next too. The
+    # one place that steps blocks: next_segment and the kernels' last-axis loops call it.
+    cdef Py_ssize_t left = c.end - c.pos
+    cdef Py_ssize_t n
+    if left <= 0:
+        return False
     n = min(min(L.block_size - c.in_block, L.axis_len - c.j), left)
+    s.start = c.pos
     s.length = n
     s.param_index = c.o * L.n_blocks + c.block
     s.params_vary = False

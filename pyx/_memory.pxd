@@ -2,26 +2,22 @@
 # (non-temporal) stores for DequantizeLinear's large outputs.
 #
 # Prefetch: the QuantizeLinear kernels walk their input PREFETCH_BLOCK elements at a time
-# and prefetch the block PREFETCH_AHEAD elements further on. The hardware prefetchers alone lose the stream at
-# page boundaries when a loop also reads per-element scales (per-axis along the last
-# axis), which then ran at half the bandwidth; the plain loops gain some 10% too. The
-# prefetch is non-temporal (locality 0): the input is read once, and the per-element
-# scales it would otherwise push out of L1 stay there (another 5-10% on per-axis).
+# and prefetch the block PREFETCH_AHEAD elements further on: the hardware prefetchers
+# alone lose the stream at page boundaries when a loop also reads per-element scales
+# (per-axis along the last axis). The prefetch is non-temporal (locality 0): the input is
+# read once, and the per-element scales it would otherwise push out of L1 stay there.
 # DequantizeLinear reads one byte per element and writes four: the hardware prefetchers
-# keep up with its codes, and prefetching them made per-axis 15% slower.
+# keep up with its codes, so they are not prefetched.
 #
 # Streaming stores: DequantizeLinear writes 2 or 4 bytes per 1-byte code. Through plain
-# stores those output lines pass through L1 and push the per-element scales out; computed
-# into an L1-resident buffer and streamed out instead, the per-axis float32 output ran 30%
-# faster on the machine of docs/performance.md (per-tensor: unchanged). QuantizeLinear's
-# outputs are 4 to 16 times smaller than its input: streamed through an L1 buffer they ran
-# 7-15% slower (int8, int16, float8; the streaming stores stall in bursts) and packed int4
-# no faster. Its integer codes with one scale per run are instead streamed straight from
-# the registers by an AVX-512 loop (pyx/_quantize.pyx: stream_integer_codes), 10-25%
-# faster; the rest stay plain stores. Only outputs of STREAM_MIN_BYTES or more are
-# streamed: a smaller
-# one is better left in the caches for the caller that reads it next. Only how the bytes
-# reach memory changes, never a value.
+# stores those output lines pass through L1 and push the per-element scales out, so they
+# are computed into an L1-resident buffer and streamed out. QuantizeLinear's outputs are
+# 4 to 16 times smaller than its input and stay plain stores, except its integer codes
+# with one scale per run, streamed straight from the registers by an AVX-512 loop
+# (pyx/_quantize.pyx: stream_integer_codes). Only outputs of STREAM_MIN_BYTES or more are
+# streamed: a smaller one is better left in the caches for the caller that reads it next.
+# Only how the bytes reach memory changes, never a value. docs/performance.md has the
+# measurements behind each choice.
 
 cdef extern from *:
     """

@@ -12,17 +12,16 @@ from libc.stdint cimport uint8_t, uint16_t, int32_t, uintptr_t
 
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
-    layout_tasks, layout_parameters, cursor_at, next_segment,
+    layout_tasks, layout_parameters, cursor_at, next_segment, next_block_run,
 )
 from _tasks cimport run_tasks
 from _codecs cimport (
-    x_storage_t, code_storage_t, SmallFloatFormat, small_float_format,
+    x_storage_t, code_storage_t,
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
-    SmallFloatSpecials, small_float_specials,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT, SF_COUNT,
     PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
     float16_to_float, bfloat16_to_float, divide_to_value_format,
-    encode_integer, round_biased, saturate_biased, encode_small_float, ROUND_MAGIC_BITS,
+    encode_integer, round_biased, saturate_biased, ROUND_MAGIC_BITS,
 )
 from _subbyte cimport pack_codes
 from _memory cimport prefetch, stream_fence, check_aligned, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES
@@ -37,9 +36,10 @@ cdef enum:
 # operation (round_biased, saturate_biased in _codecs.pxd): the quotient, the add of
 # 1.5 * 2**23, NaN to INT32_MIN, the clamp in the biased domain, the offset back, the
 # mask. Streaming a QuantizeLinear output of 8 MiB or more (int8 and int16 codes) skips
-# the read of each output line before it is written: 15% less time on 4096x4096 float32
-# -> int8 at 2 threads. Through an L1 buffer, as DequantizeLinear does, the streaming
-# stores stalled in bursts and lost 7-15%; GCC's vectorizer cannot emit them itself.
+# the read of each output line before it is written; through an L1 buffer, as
+# DequantizeLinear does, the streaming stores stall in bursts, and GCC's vectorizer cannot
+# emit them itself (docs/performance.md). The arrays are aligned to their elements
+# (check_aligned), so the head before the first 64-byte line is a whole number of codes.
 cdef extern from *:
     """
     #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -115,9 +115,7 @@ cdef struct QuantizePlan:
     float lo
     float hi
     int mask
-    SmallFloatSpecials specials  # the Cast table's codes for NaN, inf and overflow
-    SmallFloatFormat small_float
-    SmallFloat32Encoder encoder
+    SmallFloat32Encoder encoder  # with the Cast table's codes for NaN, inf and overflow
     bint stream             # integer codes with one scale per run: streamed (see above)
     Layout layout
     const double* scale
@@ -151,7 +149,7 @@ cdef inline int quantize_one(x_storage_t v, double scale, double zero_point, con
         return encode_integer(q, <float>zero_point, p.lo, p.hi, p.mask)
     # The zero point of a float type is +0 or -0 (or absent: -0, the additive identity);
     # adding it as the formula says decides the sign of a zero quotient.
-    return encode_small_float(q + <float>zero_point, &p.small_float, &p.specials)
+    return encode_small_float32(q + <float>zero_point, &p.encoder)
 
 
 cdef inline void run_general(const x_storage_t* x, code_storage_t* y, Py_ssize_t n,
@@ -267,45 +265,29 @@ cdef inline void run_f32_small_float_blocks(const float* x, uint8_t* y, Py_ssize
             y[k] = <uint8_t>encode_small_float32(x[k] / s + z, &e)
 
 
-cdef inline void run_whole_blocks(const float* x, code_storage_t* y, Py_ssize_t n_blocks,
-                                  Py_ssize_t block_size, Py_ssize_t param,
-                                  const QuantizePlan* p) noexcept nogil:
-    # The block sizes that get their own constant-size loop (WHOLE_BLOCK_SIZES).
+cdef inline void run_blocks_of(const float* x, code_storage_t* y, Py_ssize_t n_blocks,
+                               Py_ssize_t block_size, Py_ssize_t param,
+                               const QuantizePlan* p) noexcept nogil:
+    # Whole blocks on the plan's float32 path. Inlined into run_whole_blocks
+    # (_whole_blocks.pxi) with a constant block_size each.
     if p.path == PATH_F32_INTEGER:
-        if block_size == 16:
-            run_f32_integer_blocks(x, y, n_blocks, 16, p.scale32 + param, p.zero_point_int + param,
-                                   <int32_t>p.lo, <int32_t>p.hi, p.mask)
-        elif block_size == 32:
-            run_f32_integer_blocks(x, y, n_blocks, 32, p.scale32 + param, p.zero_point_int + param,
-                                   <int32_t>p.lo, <int32_t>p.hi, p.mask)
-        elif block_size == 64:
-            run_f32_integer_blocks(x, y, n_blocks, 64, p.scale32 + param, p.zero_point_int + param,
-                                   <int32_t>p.lo, <int32_t>p.hi, p.mask)
-        else:
-            run_f32_integer_blocks(x, y, n_blocks, 128, p.scale32 + param, p.zero_point_int + param,
-                                   <int32_t>p.lo, <int32_t>p.hi, p.mask)
+        run_f32_integer_blocks(x, y, n_blocks, block_size, p.scale32 + param,
+                               p.zero_point_int + param, <int32_t>p.lo, <int32_t>p.hi, p.mask)
     elif code_storage_t is uint8_t:
-        if block_size == 16:
-            run_f32_small_float_blocks(x, y, n_blocks, 16, p.scale32 + param, p.zero_point32 + param,
-                                       &p.encoder)
-        elif block_size == 32:
-            run_f32_small_float_blocks(x, y, n_blocks, 32, p.scale32 + param, p.zero_point32 + param,
-                                       &p.encoder)
-        elif block_size == 64:
-            run_f32_small_float_blocks(x, y, n_blocks, 64, p.scale32 + param, p.zero_point32 + param,
-                                       &p.encoder)
-        else:
-            run_f32_small_float_blocks(x, y, n_blocks, 128, p.scale32 + param, p.zero_point32 + param,
-                                       &p.encoder)
+        run_f32_small_float_blocks(x, y, n_blocks, block_size, p.scale32 + param,
+                                   p.zero_point32 + param, &p.encoder)
+
+
+# run_whole_blocks and whole_block_size, one constant-size loop per block size, generated
+# from _whole_blocks.pxi.tp by setup.py.
+include "_whole_blocks.pxi"
 
 
 cdef inline bint whole_blocks(const Layout* L) noexcept nogil:
     # Blocks along the last axis that tile every row and every PREFETCH_BLOCK piece: each
     # piece (which starts at a multiple of PREFETCH_BLOCK) holds whole blocks, and the
     # block of element i is i // block_size, across rows too.
-    return (L.inner == 1 and L.axis_len % L.block_size == 0
-            and (L.block_size == 16 or L.block_size == 32 or L.block_size == 64
-                 or L.block_size == 128))
+    return L.inner == 1 and L.axis_len % L.block_size == 0 and whole_block_size(L.block_size)
 
 
 cdef inline void quantize_whole_blocks(const float* x, code_storage_t* y, Py_ssize_t start,
@@ -336,67 +318,50 @@ cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py
     # Blocked along the last axis, on a float32 path, with blocks shorter than a prefetch
     # block: each PREFETCH_BLOCK piece gets its scales and zero points spread out per
     # element in L1-resident buffers, and runs as one per-element-parameter loop (a loop
-    # per block of 32 would spend as long entering as running). Consecutive blocks have
-    # consecutive parameters, from one row to the next too.
+    # per block of 32 would spend as long entering as running).
     cdef float scale_buf[PREFETCH_BLOCK]
     cdef float zero_point_buf[PREFETCH_BLOCK]
     cdef int32_t zero_point_int_buf[PREFETCH_BLOCK]
     cdef Cursor c
-    cdef Py_ssize_t pos = start
-    cdef Py_ssize_t block_size = p.layout.block_size
-    cdef Py_ssize_t axis_len = p.layout.axis_len
-    cdef Py_ssize_t n, j, in_block, param, piece, piece_end, k
+    cdef Segment run
+    cdef Py_ssize_t piece, k, param
     cdef float s, zf
     cdef int32_t zi
     cdef bint integer_codes = p.path == PATH_F32_INTEGER
     # The parameters of the elements PREFETCH_AHEAD further on (consecutive blocks have
     # consecutive parameters), a prefetch block's worth of them.
-    cdef Py_ssize_t params_ahead = PREFETCH_AHEAD // block_size
-    cdef Py_ssize_t params_per_block = PREFETCH_BLOCK // block_size + 1
-    cursor_at(&p.layout, start, end, &c)
-    j = c.j
-    in_block = c.in_block
-    param = c.o * p.layout.n_blocks + c.block
+    cdef Py_ssize_t params_ahead = PREFETCH_AHEAD // p.layout.block_size
+    cdef Py_ssize_t params_per_block = PREFETCH_BLOCK // p.layout.block_size + 1
+    cursor_at(&p.layout, start, start, &c)
     piece = start
     while piece < end:
-        piece_end = min(piece + <Py_ssize_t>PREFETCH_BLOCK, end)
+        c.end = min(piece + <Py_ssize_t>PREFETCH_BLOCK, end)
+        param = c.o * p.layout.n_blocks + c.block
         prefetch(x + piece + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(float))
         prefetch(p.scale32 + param + params_ahead, params_per_block * sizeof(float))
         if integer_codes:
             prefetch(p.zero_point_int + param + params_ahead, params_per_block * sizeof(int32_t))
         else:
             prefetch(p.zero_point32 + param + params_ahead, params_per_block * sizeof(float))
-        pos = piece
-        while pos < piece_end:
-            n = min(min(block_size - in_block, axis_len - j), piece_end - pos)
-            s = p.scale32[param]
+        while next_block_run(&p.layout, &c, &run):
+            s = p.scale32[run.param_index]
             if integer_codes:
-                zi = p.zero_point_int[param]
-                for k in range(pos - piece, pos - piece + n):
+                zi = p.zero_point_int[run.param_index]
+                for k in range(run.start - piece, run.start - piece + run.length):
                     scale_buf[k] = s
                     zero_point_int_buf[k] = zi
             else:
-                zf = p.zero_point32[param]
-                for k in range(pos - piece, pos - piece + n):
+                zf = p.zero_point32[run.param_index]
+                for k in range(run.start - piece, run.start - piece + run.length):
                     scale_buf[k] = s
                     zero_point_buf[k] = zf
-            pos += n
-            j += n
-            in_block += n
-            if j == axis_len:
-                j = 0
-                in_block = 0
-                param += 1
-            elif in_block == block_size:
-                in_block = 0
-                param += 1
         if p.path == PATH_F32_INTEGER:
-            run_f32_integer(x + piece, y + (piece - start), piece_end - piece, scale_buf,
+            run_f32_integer(x + piece, y + (piece - start), c.end - piece, scale_buf,
                             zero_point_int_buf, True, <int32_t>p.lo, <int32_t>p.hi, p.mask, False)
         elif code_storage_t is uint8_t:
-            run_f32_small_float(x + piece, y + (piece - start), piece_end - piece, scale_buf,
+            run_f32_small_float(x + piece, y + (piece - start), c.end - piece, scale_buf,
                                 zero_point_buf, True, &p.encoder)
-        piece = piece_end
+        piece = c.end
 
 
 cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
@@ -518,8 +483,6 @@ cdef class QuantizeConfig:
         self.plan.mask = mask
         if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN):
             raise ValueError(f"small_float_rules {small_float_rules} holds unknown flags")
-        self.plan.small_float = small_float_format(small_float_id if code_kind != CODE_INTEGER else 0)
-        self.plan.specials = small_float_specials(&self.plan.small_float, saturate, small_float_rules)
         self.plan.encoder = small_float32_encoder(small_float_id if code_kind != CODE_INTEGER else 0,
                                                   saturate, small_float_rules)
         self.plan.stream = False

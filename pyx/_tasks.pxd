@@ -5,7 +5,7 @@
 # The team takes tasks from a TaskQueue: the tasks are split into one contiguous range per
 # thread, each with an atomic counter. A thread takes the tasks of its own range in order,
 # so that it streams through one contiguous run of memory as a static split would (two
-# threads taking interleaved tasks ran up to 1.6x slower on large tensors); once its range
+# threads taking interleaved tasks ran slower on large tensors); once its range
 # is drained it takes what is left of the others, so that a thread the OS preempts holds
 # up the call by one task at most (a static split, or OpenMP's 'guided' whose first grab is
 # half the work, made a 2-thread call wait out a 10 ms scheduler slice).
