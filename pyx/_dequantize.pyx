@@ -26,6 +26,7 @@ from _tasks cimport run_tasks
 from _subbyte cimport unpack_codes
 from _memory cimport (
     stream_store, stream_fence, check_aligned, HAVE_STREAM, STREAM_MIN_BYTES, STREAM_PIECE,
+    NO_DOUBLE, NO_FLOAT, float64_parameters, float32_parameters,
 )
 
 cdef enum:
@@ -347,12 +348,6 @@ cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_stora
         stream_fence()
 
 
-# The parameter pointers of a call that its path does not read point here, so that no
-# loop ever forms an address from NULL.
-cdef double NO_DOUBLE[1]
-cdef float NO_FLOAT[1]
-
-
 cdef class DequantizeConfig:
     """How a DequantizeLinear plan computes: built once per plan
     (qemu_q/ops/dequantize_linear.py), checked here, passed to every call of the plan with
@@ -420,29 +415,17 @@ cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero
     # The plan of one call: the config's, with this call's parameter arrays checked
     # against the layout and attached, its tasks sized, its output streamed if large.
     cdef DequantizePlan p = config.plan
-    cdef const double[::1] scale64, zero_point64
-    cdef const float[::1] scale32, zero_point32
     cdef Py_ssize_t needed = layout_parameters(&p.layout)
     if size != p.layout.size:
         raise ValueError(f"x has {size} codes; the config's layout has {p.layout.size}")
-    p.scale = NO_DOUBLE
-    p.zero_point = NO_DOUBLE
-    p.scale32 = NO_FLOAT
-    p.zero_point32 = NO_FLOAT
+    p.scale, p.zero_point = NO_DOUBLE, NO_DOUBLE
+    p.scale32, p.zero_point32 = NO_FLOAT, NO_FLOAT
     if config.float32_parameters:
-        scale32 = scale
-        zero_point32 = zero_point
-        if scale32.shape[0] < needed or zero_point32.shape[0] < needed:
-            raise ValueError(f"float32 outputs need {needed} float32 scales and zero points")
-        p.scale32 = &scale32[0]
-        p.zero_point32 = &zero_point32[0]
+        p.scale32 = float32_parameters(scale, needed, "scales")
+        p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
     else:
-        scale64 = scale
-        zero_point64 = zero_point
-        if scale64.shape[0] < needed or zero_point64.shape[0] < needed:
-            raise ValueError(f"this output needs {needed} float64 scales and zero points")
-        p.scale = &scale64[0]
-        p.zero_point = &zero_point64[0]
+        p.scale = float64_parameters(scale, needed, "scales")
+        p.zero_point = float64_parameters(zero_point, needed, "zero points")
     set_task_size(&p.layout, n_threads)
     p.stream = HAVE_STREAM and size * out_itemsize >= STREAM_MIN_BYTES
     # Not for blocks along the last axis: their short runs are better gathered in L1.

@@ -1,3 +1,5 @@
+from libc.stdint cimport int32_t
+
 # Memory-traffic helpers: software prefetch of the kernels' input streams, and streaming
 # (non-temporal) stores for DequantizeLinear's large outputs.
 #
@@ -98,3 +100,39 @@ cdef inline int check_aligned(const void* data, size_t element_size, str argumen
     if (<size_t>data) % element_size != 0:
         raise ValueError(f"{argument} is not aligned to its {element_size}-byte elements")
     return 0
+
+
+# The scale and zero-point arrays of a call, as the pointers a kernel's plan holds. The
+# Python layer passes the dtype each path reads (qemu_q/_params.py); a pointer a path does
+# not read points at one zero instead of NULL, so that no loop ever forms an address from
+# NULL. The caller keeps the arrays alive for the call.
+cdef extern from *:
+    """
+    static const double qemu_q_no_double[1] = {0.0};
+    static const float qemu_q_no_float[1] = {0.0f};
+    static const int32_t qemu_q_no_int32[1] = {0};
+    """
+    const double NO_DOUBLE "qemu_q_no_double" [1]
+    const float NO_FLOAT "qemu_q_no_float" [1]
+    const int32_t NO_INT32 "qemu_q_no_int32" [1]
+
+
+cdef inline const double* float64_parameters(object values, Py_ssize_t needed, str what) except NULL:
+    cdef const double[::1] view = values
+    if view.shape[0] < needed:
+        raise ValueError(f"this path needs {needed} float64 {what}, got {view.shape[0]}")
+    return &view[0]
+
+
+cdef inline const float* float32_parameters(object values, Py_ssize_t needed, str what) except NULL:
+    cdef const float[::1] view = values
+    if view.shape[0] < needed:
+        raise ValueError(f"this path needs {needed} float32 {what}, got {view.shape[0]}")
+    return &view[0]
+
+
+cdef inline const int32_t* int32_parameters(object values, Py_ssize_t needed, str what) except NULL:
+    cdef const int32_t[::1] view = values
+    if view.shape[0] < needed:
+        raise ValueError(f"this path needs {needed} int32 {what}, got {view.shape[0]}")
+    return &view[0]

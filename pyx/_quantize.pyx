@@ -24,7 +24,10 @@ from _codecs cimport (
     encode_integer, round_biased, saturate_biased, ROUND_MAGIC_BITS,
 )
 from _subbyte cimport pack_codes
-from _memory cimport prefetch, stream_fence, check_aligned, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES
+from _memory cimport (
+    prefetch, stream_fence, check_aligned, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES,
+    NO_DOUBLE, NO_FLOAT, NO_INT32, float64_parameters, float32_parameters, int32_parameters,
+)
 
 cdef enum:
     # Codes quantized into a stack buffer (L1-resident) before they are packed: a multiple
@@ -534,51 +537,25 @@ cdef int check_x_storage(int x_format, bint is_int32, bint is_uint16) except -1:
     return 0
 
 
-# The parameter pointers of a call that its path does not read point here, so that no
-# loop ever forms an address from NULL.
-cdef double NO_DOUBLE[1]
-cdef float NO_FLOAT[1]
-cdef int32_t NO_INT32[1]
-
-
 cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_point,
                             Py_ssize_t size, Py_ssize_t streamed_bytes, int n_threads) except *:
     # The plan of one call: the config's, with this call's parameter arrays checked
     # against the layout and attached, and its tasks sized.
     cdef QuantizePlan p = config.plan
-    cdef const double[::1] scale64, zero_point64
-    cdef const float[::1] scale32, zero_point32
-    cdef const int32_t[::1] zero_point_int
     cdef Py_ssize_t needed = layout_parameters(&p.layout)
     if size != p.layout.size:
         raise ValueError(f"x has {size} elements; the config's layout has {p.layout.size}")
-    p.scale = NO_DOUBLE
-    p.zero_point = NO_DOUBLE
-    p.scale32 = NO_FLOAT
-    p.zero_point32 = NO_FLOAT
-    p.zero_point_int = NO_INT32
+    p.scale, p.zero_point = NO_DOUBLE, NO_DOUBLE
+    p.scale32, p.zero_point32, p.zero_point_int = NO_FLOAT, NO_FLOAT, NO_INT32
     if p.path == PATH_GENERAL:
-        scale64 = scale
-        zero_point64 = zero_point
-        if scale64.shape[0] < needed or zero_point64.shape[0] < needed:
-            raise ValueError(f"the general path needs {needed} float64 scales and zero points")
-        p.scale = &scale64[0]
-        p.zero_point = &zero_point64[0]
+        p.scale = float64_parameters(scale, needed, "scales")
+        p.zero_point = float64_parameters(zero_point, needed, "zero points")
     else:
-        scale32 = scale
-        if scale32.shape[0] < needed:
-            raise ValueError(f"the float32 path needs {needed} float32 scales")
-        p.scale32 = &scale32[0]
+        p.scale32 = float32_parameters(scale, needed, "scales")
         if p.path == PATH_F32_INTEGER:
-            zero_point_int = zero_point
-            if zero_point_int.shape[0] < needed:
-                raise ValueError(f"the float32 integer path needs {needed} int32 zero points")
-            p.zero_point_int = &zero_point_int[0]
+            p.zero_point_int = int32_parameters(zero_point, needed, "zero points")
         else:
-            zero_point32 = zero_point
-            if zero_point32.shape[0] < needed:
-                raise ValueError(f"the float32 small-float path needs {needed} float32 zero points")
-            p.zero_point32 = &zero_point32[0]
+            p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).
