@@ -470,32 +470,41 @@ cdef int check_out_storage(int out_format, bint is_float) except -1:
     return 0
 
 
+cdef int run_call(const void* x, int x_size, int bits, object scale, object zero_point,
+                  y_storage_t[::1] out, DequantizeConfig config, int n_threads) except -1:
+    # What both entries do once their input is checked: the output against the config,
+    # the call's plan, the tasks.
+    cdef Py_ssize_t size = out.shape[0]
+    cdef DequantizePlan p
+    cdef DequantizeWork work
+    check_out_storage(config.plan.out_format, y_storage_t is float)
+    check_aligned(&out[0], sizeof(y_storage_t), "out")
+    p = call_plan(config, scale, zero_point, size, sizeof(y_storage_t), n_threads)
+    work.x = x
+    work.y = &out[0]
+    work.x_size = x_size
+    work.y_size = sizeof(y_storage_t)
+    work.bits = bits
+    work.plan = &p
+    with nogil:
+        run_tasks(dequantize_work_task, &work, layout_tasks(&p.layout), n_threads)
+    return 0
+
+
 def dequantize(const dq_code_t[::1] x, scale, zero_point, y_storage_t[::1] out,
                DequantizeConfig config not None, int n_threads):
     """Dequantize codes x (flattened, C order) into `out` as `config` says; scale and
     zero_point are float32 when config.float32_parameters, else float64. The kernel
     allocates nothing."""
     cdef Py_ssize_t size = x.shape[0]
-    cdef DequantizePlan p
-    cdef DequantizeWork work
     if size == 0:
         return
     if out.shape[0] != size:
         raise ValueError(f"out has {out.shape[0]} elements; x has {size}")
     if sizeof(dq_code_t) != config.code_size:
         raise ValueError(f"x's storage has {sizeof(dq_code_t)}-byte codes; the config's {config.code_size}")
-    check_out_storage(config.plan.out_format, y_storage_t is float)
     check_aligned(&x[0], sizeof(dq_code_t), "x")
-    check_aligned(&out[0], sizeof(y_storage_t), "out")
-    p = call_plan(config, scale, zero_point, size, sizeof(y_storage_t), n_threads)
-    work.x = &x[0]
-    work.y = &out[0]
-    work.x_size = sizeof(dq_code_t)
-    work.y_size = sizeof(y_storage_t)
-    work.bits = 0
-    work.plan = &p
-    with nogil:
-        run_tasks(dequantize_work_task, &work, layout_tasks(&p.layout), n_threads)
+    run_call(&x[0], sizeof(dq_code_t), 0, scale, zero_point, out, config, n_threads)
 
 
 def dequantize_packed(const uint8_t[::1] packed, scale, zero_point, y_storage_t[::1] out,
@@ -504,8 +513,6 @@ def dequantize_packed(const uint8_t[::1] packed, scale, zero_point, y_storage_t[
     from the ONNX raw_data layout in `packed`."""
     cdef Py_ssize_t size = out.shape[0]
     cdef int bits = config.code_bits
-    cdef DequantizePlan p
-    cdef DequantizeWork work
     if size == 0:
         return
     if bits not in (2, 4, 6) or config.code_size != 1:
@@ -513,17 +520,7 @@ def dequantize_packed(const uint8_t[::1] packed, scale, zero_point, y_storage_t[
     if packed.shape[0] != (size * bits + 7) // 8:
         raise ValueError(f"{size} codes of {bits} bits take {(size * bits + 7) // 8} bytes; "
                          f"got {packed.shape[0]}")
-    check_out_storage(config.plan.out_format, y_storage_t is float)
-    check_aligned(&out[0], sizeof(y_storage_t), "out")
-    p = call_plan(config, scale, zero_point, size, sizeof(y_storage_t), n_threads)
-    work.x = &packed[0]
-    work.y = &out[0]
-    work.x_size = 1
-    work.y_size = sizeof(y_storage_t)
-    work.bits = bits
-    work.plan = &p
-    with nogil:
-        run_tasks(dequantize_work_task, &work, layout_tasks(&p.layout), n_threads)
+    run_call(&packed[0], 1, bits, scale, zero_point, out, config, n_threads)
 
 
 def decode_table(int small_float_id):

@@ -565,57 +565,53 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
     return p
 
 
+cdef int run_call(const x_storage_t[::1] x, object scale, object zero_point, void* y, int y_size,
+                  int bits, QuantizeConfig config, Py_ssize_t streamed_bytes, int n_threads) except -1:
+    # What both entries do once their output is checked: x against the config, the
+    # call's plan, the tasks.
+    cdef QuantizePlan p
+    cdef QuantizeWork work
+    if config.plan.path != PATH_GENERAL and x_storage_t is not float:
+        raise ValueError("the float32 paths take float32 x")
+    check_x_storage(config.plan.x_format, x_storage_t is int32_t, x_storage_t is uint16_t)
+    check_aligned(&x[0], sizeof(x_storage_t), "x")
+    p = call_plan(config, scale, zero_point, x.shape[0], streamed_bytes, n_threads)
+    work.x = &x[0]
+    work.y = y
+    work.x_size = sizeof(x_storage_t)
+    work.y_size = y_size
+    work.bits = bits
+    work.plan = &p
+    with nogil:
+        run_tasks(quantize_work_task, &work, layout_tasks(&p.layout), n_threads)
+    return 0
+
+
 def quantize(const x_storage_t[::1] x, scale, zero_point, code_storage_t[::1] out,
              QuantizeConfig config not None, int n_threads):
     """Quantize x (flattened, C order) into `out`, one code per element, as `config` says;
     scale and zero_point are the arrays of the config's path. The kernel allocates nothing."""
     cdef Py_ssize_t size = x.shape[0]
-    cdef QuantizePlan p
-    cdef QuantizeWork work
     if size == 0:
         return
     if out.shape[0] != size:
         raise ValueError(f"out has {out.shape[0]} elements; x has {size}")
-    if config.plan.path != PATH_GENERAL and x_storage_t is not float:
-        raise ValueError("the float32 paths take float32 x")
-    check_x_storage(config.plan.x_format, x_storage_t is int32_t, x_storage_t is uint16_t)
-    check_aligned(&x[0], sizeof(x_storage_t), "x")
     check_aligned(&out[0], sizeof(code_storage_t), "out")
-    p = call_plan(config, scale, zero_point, size, size * sizeof(code_storage_t), n_threads)
-    work.x = &x[0]
-    work.y = &out[0]
-    work.x_size = sizeof(x_storage_t)
-    work.y_size = sizeof(code_storage_t)
-    work.bits = 0
-    work.plan = &p
-    with nogil:
-        run_tasks(quantize_work_task, &work, layout_tasks(&p.layout), n_threads)
+    run_call(x, scale, zero_point, &out[0], sizeof(code_storage_t), 0, config,
+             size * sizeof(code_storage_t), n_threads)
 
 
 def quantize_packed(const x_storage_t[::1] x, scale, zero_point, uint8_t[::1] out,
                     QuantizeConfig config not None, int n_threads):
     """As `quantize`, with the codes of config.code_bits bits (2, 4 or 6) packed into `out`
-    in the ONNX raw_data layout (ceil(n * bits / 8) bytes)."""
+    in the ONNX raw_data layout (ceil(n * bits / 8) bytes). A packed output is built in an
+    L1 buffer, never streamed."""
     cdef Py_ssize_t size = x.shape[0]
     cdef int bits = config.code_bits
-    cdef QuantizePlan p
-    cdef QuantizeWork work
     if size == 0:
         return
     if bits not in (2, 4, 6):
         raise ValueError(f"packed codes are 2, 4 or 6 bits wide, not {bits}")
     if out.shape[0] != (size * bits + 7) // 8:
         raise ValueError(f"out has {out.shape[0]} bytes; {size} codes of {bits} bits take {(size * bits + 7) // 8}")
-    if config.plan.path != PATH_GENERAL and x_storage_t is not float:
-        raise ValueError("the float32 paths take float32 x")
-    check_x_storage(config.plan.x_format, x_storage_t is int32_t, x_storage_t is uint16_t)
-    check_aligned(&x[0], sizeof(x_storage_t), "x")
-    p = call_plan(config, scale, zero_point, size, 0, n_threads)
-    work.x = &x[0]
-    work.y = &out[0]
-    work.x_size = sizeof(x_storage_t)
-    work.y_size = 1
-    work.bits = bits
-    work.plan = &p
-    with nogil:
-        run_tasks(quantize_work_task, &work, layout_tasks(&p.layout), n_threads)
+    run_call(x, scale, zero_point, &out[0], 1, bits, config, 0, n_threads)
