@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import qemu_q
-from qemu_q import cli, golden, writers
+from qemu_q import cli, golden
+from qemu_q.golden import writers
 
 onnx = pytest.importorskip("onnx", reason="golden tests read models with onnx (test extra)")
 from onnx import numpy_helper  # noqa: E402

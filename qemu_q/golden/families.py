@@ -1,41 +1,6 @@
-"""Golden test vectors: the cases of the conformance suite, with expected outputs from qemu_q.
-
-The suite is built from the op-spec table. Every op, every since-version and every
-quantized type that version allows get a base configuration (float32 x and scale,
-per-tensor, default attributes) run on every input family, plus one-factor-at-a-time
-variants: each other x type, each other scale type, each `precision`, `saturate=0` for the
-float8 types, `output_dtype` and an absent zero point, per-axis and blocked granularity,
-and special scale values. Each variant runs on the input families where it can change a
-bit. Every case is small; the expected outputs are what `qemu_q.run_op` computes.
-
-Input families, kept apart so that special values stay in a few small cases (and a case
-whose bits differ from another implementation's by design is one named case, see
-`DIVERGENCES`):
-  QuantizeLinear
-    grid          exact ties (k + 0.5)·scale with a power-of-two scale and their neighbours
-                  in x's type, the range ends and values just past them (finite quotients
-                  below 2^31 that do not overflow the division precision)
-    near_ties     a scale that is not a power of two, x at and next to fl((k + 0.5)·scale)
-    zeros         ±0 and x's subnormals
-    nan           ±NaN, quiet and signalling
-    overflow      ±inf, x's largest finite values, quotients of 2^31 and beyond
-    random        seeded random x over the quantized range and a little past it
-    scales        per-axis unusual finite scales: negative, tiny, huge
-    scales_zero   per-axis degenerate scales: ±0, NaN, subnormal
-    scales_inf    per-axis infinite scales
-  DequantizeLinear
-    codes         every finite code (a sample for 16-bit codes after their first version,
-                  and for int32)
-    nan_inf       the NaN and inf codes of the float8 types
-    near_ties     codes whose product with the scale lies next to a midpoint of a float16
-                  or bfloat16 output (where rounding through float32 first would differ)
-    random        seeded random codes
-    scales        per-axis special scales over a few codes
-  DynamicQuantizeLinear
-    random, positive, negative, zeros, tiny, nan, inf (+inf), neg_inf (-inf)
-
-Random data come from `np.random.default_rng` seeded by the suite seed and the case name,
-so a case's bits do not depend on which other cases are selected.
+"""Golden-suite input families: the data of each case (inputs and attributes built from
+its configuration, one builder per op and family) and its expected outputs, computed by
+`qemu_q.run_op`. The families are listed in the package docstring (qemu_q/golden).
 """
 
 from __future__ import annotations
@@ -43,39 +8,19 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import ml_dtypes
 import numpy as np
 
-from ._dtypes import ELEMENT_TYPES, ElementType, element_type
-from ._opspec import GRANULARITIES, OP_VERSIONS, get_spec
-from ._run_op import run_op
+from .._dtypes import ELEMENT_TYPES, ElementType
+from .._opspec import get_spec
+from .._run_op import run_op
+from .configs import Config, Selection, iter_configs
+from .divergences import divergences_of
 
 DEFAULT_SEED = 0
 DEFAULT_SIZE = 64
-
-OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
-_OP_ALIASES = {
-    "q": "QuantizeLinear", "quantize": "QuantizeLinear", "quantizelinear": "QuantizeLinear",
-    "dq": "DequantizeLinear", "dequantize": "DequantizeLinear",
-    "dequantizelinear": "DequantizeLinear",
-    "dynamic": "DynamicQuantizeLinear", "dynamicquantizelinear": "DynamicQuantizeLinear",
-}
-
-Q_FAMILIES = ("grid", "near_ties", "zeros", "nan", "overflow", "random", "scales",
-              "scales_zero", "scales_inf")
-DQ_FAMILIES = ("codes", "nan_inf", "near_ties", "random", "scales")
-DYNAMIC_FAMILIES = ("random", "positive", "negative", "zeros", "tiny", "nan", "inf", "neg_inf")
-FAMILIES = tuple(dict.fromkeys(Q_FAMILIES + DQ_FAMILIES + DYNAMIC_FAMILIES))
-
-_PRECISION_NAMES = {1: "float", 10: "float16", 16: "bfloat16"}
-# Significant bits of the value types, for "is this product exact in float32".
-_SIGNIFICANT_BITS = {"float": 24, "float16": 11, "bfloat16": 8, "float8e8m0": 1,
-                     "int32": 31}
-_SMALL_FLOAT_SIGNIFICANT_BITS = {"float8e4m3fn": 4, "float8e4m3fnuz": 4, "float8e5m2": 3,
-                                 "float8e5m2fnuz": 3, "float6e2m3": 4, "float6e3m2": 3,
-                                 "float4e2m1": 2}
 
 # Code count of a DequantizeLinear sweep of 16-bit codes outside their first version (the
 # first version that has them gets all 65536).
@@ -84,363 +29,6 @@ _CODE_SAMPLE = 1024
 
 def _etype(name: str) -> ElementType:
     return ELEMENT_TYPES[name]
-
-
-def _type_names(onnx_types: Iterable[str]) -> list[str]:
-    """ONNX type strings to our names, in ELEMENT_TYPES order (a stable order)."""
-    names = {t[7:-1] for t in onnx_types}
-    return [name for name in ELEMENT_TYPES if name in names]
-
-
-# --------------------------------------------------------------------------------------
-# Configurations: what a case is, without its data
-
-
-@dataclass(frozen=True)
-class Config:
-    op_type: str
-    version: int  # the since-version; the case's model imports this opset
-    qtype: str  # QuantizeLinear's y, DequantizeLinear's x, uint8 for DynamicQuantizeLinear
-    family: str
-    variant: str = "base"
-    x_type: str = "float"  # QuantizeLinear / DynamicQuantizeLinear x
-    scale_type: str = "float"
-    y_type: str = "float"  # DequantizeLinear's output
-    granularity: str = "per_tensor"
-    saturate: int | None = None  # None: attribute absent (default 1)
-    precision: int | None = None
-    output_dtype: str | None = None  # node attribute output_dtype
-    zero_point: bool = True  # whether the zero-point input is given
-    full_sweep: bool = False  # DequantizeLinear 16-bit codes: all 65536 rather than a sample
-
-    @property
-    def name(self) -> str:
-        parts = ["test", self.op_type.lower(), str(self.version), self.qtype]
-        if self.variant != "base":
-            parts.append(self.variant)
-        parts.append(self.family)
-        return "_".join(parts)
-
-    @property
-    def division_precision(self) -> str:
-        """QuantizeLinear: the type the quotient is rounded to (docs/semantics.md)."""
-        if self.version < 19:
-            return "float"
-        if self.precision:
-            return _PRECISION_NAMES[self.precision]
-        return self.scale_type if self.scale_type in ("float", "float16", "bfloat16") \
-            else "float"
-
-
-def _q_configs(version: int) -> Iterator[Config]:
-    spec = get_spec("QuantizeLinear", version)
-    x_types = _type_names(spec.allowed_types("x"))
-    scale_types = _type_names(spec.allowed_types("y_scale"))
-    shared = spec.division_precision == "scale"  # 19, 21: x and scale share T1
-    value_families = ("grid", "near_ties", "zeros", "nan", "overflow", "random")
-    for qtype in _type_names(spec.allowed_types("y")):
-        q = _etype(qtype)
-        base = dict(op_type="QuantizeLinear", version=version, qtype=qtype)
-        for family in value_families:
-            yield Config(**base, family=family)
-        if version >= 19 and q.kind == "small_float" and q.bits == 8:
-            for family in ("grid", "overflow"):
-                yield Config(**base, family=family, variant="sat0", saturate=0)
-        for x_type in x_types:
-            if x_type == "float":
-                continue
-            # Matched types also where they may differ: an fp16 model has fp16 scales.
-            scale = x_type if (shared or version >= 23) else "float"
-            for family in value_families:
-                if x_type == "int32" and family in ("zeros", "nan"):
-                    continue  # int32 has neither
-                yield Config(**base, family=family, variant=f"x_{x_type}", x_type=x_type,
-                             scale_type=scale)
-        if version >= 23:
-            for scale in scale_types:
-                if scale == "float":
-                    continue
-                families = ("grid", "random") if scale == "float8e8m0" else (
-                    "grid", "near_ties", "random")
-                for family in families:
-                    yield Config(**base, family=family, variant=f"scale_{scale}",
-                                 scale_type=scale)
-            for precision, pname in _PRECISION_NAMES.items():
-                for family in ("near_ties", "random"):
-                    yield Config(**base, family=family, variant=f"precision_{pname}",
-                                 precision=precision)
-        if version >= 21:
-            yield Config(**base, family="random", variant="output_dtype", output_dtype=qtype,
-                         zero_point=False)
-        elif qtype == "uint8":
-            yield Config(**base, family="random", variant="no_zero_point", zero_point=False)
-        if version >= 13:
-            for family in ("random", "scales", "scales_zero", "scales_inf"):
-                yield Config(**base, family=family, variant="per_axis", granularity="per_axis")
-        if version >= 21:
-            yield Config(**base, family="random", variant="blocked", granularity="blocked")
-        if "float8e8m0" in scale_types:
-            for family in ("scales", "scales_zero"):
-                yield Config(**base, family=family, variant="per_axis_scale_float8e8m0",
-                             granularity="per_axis", scale_type="float8e8m0")
-
-
-def _product_may_round(qtype: str, scale_type: str) -> bool:
-    """Whether (code - zero_point) * scale can be inexact in float32."""
-    q = _etype(qtype)
-    if q.kind == "integer":
-        code_bits = q.bits + (1 if q.name != "int32" else 0)  # the zero point adds a bit
-    else:
-        code_bits = _SMALL_FLOAT_SIGNIFICANT_BITS[q.name]
-    return code_bits + _SIGNIFICANT_BITS[scale_type] > 24
-
-
-def _dq_configs(version: int) -> Iterator[Config]:
-    spec = get_spec("DequantizeLinear", version)
-    scale_types = _type_names(spec.allowed_types("x_scale"))
-    output_types = _type_names(spec.allowed_types("y"))
-    has_output_dtype = "output_dtype" in spec.attributes
-    for qtype in _type_names(spec.allowed_types("x")):
-        q = _etype(qtype)
-        first = version == min(
-            v for v in OP_VERSIONS["DequantizeLinear"]
-            if f"tensor({qtype})" in get_spec("DequantizeLinear", v).allowed_types("x"))
-        zp = qtype != "int32"  # int32 codes have no zero point
-        base = dict(op_type="DequantizeLinear", version=version, qtype=qtype, zero_point=zp)
-
-        def families(scale: str, out: str, code_families=("codes", "random")):
-            found = list(code_families)
-            if out in ("float16", "bfloat16") and _product_may_round(qtype, scale):
-                found.insert(1, "near_ties")
-            return found
-
-        yield Config(**base, family="codes", full_sweep=first)
-        if q.kind == "small_float" and q.bits == 8:
-            yield Config(**base, family="nan_inf")
-        yield Config(**base, family="random")
-        for scale in scale_types:
-            if scale in ("float", "float8e8m0"):
-                continue  # e8m0 scales need output_dtype: see below
-            out = scale  # 19+: the output has the scale's type (10, 13 have float32 only)
-            for family in families(scale, out):
-                yield Config(**base, family=family, variant=f"scale_{scale}", scale_type=scale,
-                             y_type=out)
-        if has_output_dtype:
-            for out in output_types:
-                for family in families("float", out):
-                    yield Config(**base, family=family, variant=f"output_dtype_{out}",
-                                 output_dtype=out, y_type=out)
-            if "float8e8m0" in scale_types:
-                # An e8m0 scale is no output type: a model needs output_dtype (without it,
-                # ONNX shape inference rejects the model).
-                for out in output_types:
-                    for family in families("float8e8m0", out, ("codes",)):
-                        yield Config(**base, family=family,
-                                     variant=f"scale_float8e8m0_output_dtype_{out}",
-                                     scale_type="float8e8m0", output_dtype=out, y_type=out)
-        if zp:
-            yield Config(**base | {"zero_point": False}, family="random",
-                         variant="no_zero_point")
-        if version >= 13:
-            yield Config(**base, family="random", variant="per_axis", granularity="per_axis")
-            yield Config(**base, family="scales", variant="per_axis", granularity="per_axis")
-        if version >= 21:
-            yield Config(**base, family="random", variant="blocked", granularity="blocked")
-        if "float8e8m0" in scale_types:
-            yield Config(**base, family="scales",
-                         variant="per_axis_scale_float8e8m0_output_dtype_float",
-                         granularity="per_axis", scale_type="float8e8m0",
-                         output_dtype="float", y_type="float")
-
-
-def _dynamic_configs(version: int) -> Iterator[Config]:
-    for family in DYNAMIC_FAMILIES:
-        yield Config(op_type="DynamicQuantizeLinear", version=version, qtype="uint8",
-                     family=family, zero_point=False)
-
-
-_CONFIGS = {
-    "QuantizeLinear": _q_configs,
-    "DequantizeLinear": _dq_configs,
-    "DynamicQuantizeLinear": _dynamic_configs,
-}
-
-
-def resolve_op(name: str) -> str:
-    """An op name or short alias (q, dq, dynamic; any case) to the ONNX op type."""
-    key = name.strip()
-    if key in OPS:
-        return key
-    found = _OP_ALIASES.get(key.lower())
-    if found is None:
-        raise ValueError(f"unknown op {name!r}; known: {', '.join(OPS)} (or q, dq, dynamic)")
-    return found
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which cases to generate; None selects all."""
-
-    ops: tuple[str, ...] | None = None
-    opsets: tuple[int, ...] | None = None  # each resolves per op to the since-version it runs
-    types: tuple[str, ...] | None = None  # quantized type names
-    granularities: tuple[str, ...] | None = None
-    families: tuple[str, ...] | None = None
-
-    def __post_init__(self):
-        if self.ops is not None:
-            object.__setattr__(self, "ops", tuple(resolve_op(op) for op in self.ops))
-        if self.types is not None:
-            object.__setattr__(self, "types",
-                               tuple(element_type(t, "type").name for t in self.types))
-        for g in self.granularities or ():
-            if g not in GRANULARITIES:
-                raise ValueError(f"unknown granularity {g!r}; known: {', '.join(GRANULARITIES)}")
-        for opset in self.opsets or ():
-            get_spec("QuantizeLinear", opset)  # the range check, with the table's message
-        for f in self.families or ():
-            if f not in FAMILIES:
-                raise ValueError(f"unknown family {f!r}; known: {', '.join(FAMILIES)}")
-
-    def versions(self, op_type: str) -> list[int]:
-        if self.opsets is None:
-            return list(OP_VERSIONS[op_type])
-        found = {get_spec(op_type, opset).since_version for opset in self.opsets
-                 if opset >= OP_VERSIONS[op_type][0]}
-        return sorted(found)
-
-    def accepts(self, config: Config) -> bool:
-        return ((self.types is None or config.qtype in self.types)
-                and (self.granularities is None or config.granularity in self.granularities)
-                and (self.families is None or config.family in self.families))
-
-
-def iter_configs(selection: Selection | None = None) -> Iterator[Config]:
-    """Every case configuration of the suite, in a stable order."""
-    selection = selection or Selection()
-    for op_type in OPS:
-        if selection.ops is not None and op_type not in selection.ops:
-            continue
-        for version in selection.versions(op_type):
-            for config in _CONFIGS[op_type](version):
-                if selection.accepts(config):
-                    yield config
-
-
-# --------------------------------------------------------------------------------------
-# Divergences: where onnx.reference or onnxruntime give other bits by design.
-#
-# One table. Each row: the heading of the docs/divergences.md entry, the implementations
-# whose bits differ, and a predicate on the configuration. A case lists every row that
-# matches; its `divergence` is the first. The rows were found by running every case of
-# the default suite through both (tests/test_golden.py does it on every test run and
-# fails on a mismatch no row names).
-
-REFERENCE = "onnx.reference"
-ONNXRUNTIME = "onnxruntime"
-BOTH = (REFERENCE, ONNXRUNTIME)
-
-
-def _q(c: Config) -> ElementType:
-    return _etype(c.qtype)
-
-
-def _integer(c: Config) -> bool:
-    return _q(c).kind == "integer"
-
-
-def _float8_with_sign(c: Config) -> bool:
-    return c.qtype in ("float8e4m3fn", "float8e5m2")
-
-
-def _signed_integer(c: Config) -> bool:
-    return _integer(c) and _q(c).lo < 0  # these cases have a negative zero point
-
-
-def _is_q(c: Config) -> bool:
-    return c.op_type == "QuantizeLinear"
-
-
-def _is_dq(c: Config) -> bool:
-    return c.op_type == "DequantizeLinear"
-
-
-def _is_dynamic(c: Config) -> bool:
-    return c.op_type == "DynamicQuantizeLinear"
-
-
-def _int_specials(c: Config) -> bool:
-    """QuantizeLinear integer cases with NaN, inf or |q| >= 2^31 quotients."""
-    return _is_q(c) and _integer(c) and (
-        (c.family == "overflow" and c.x_type != "int32") or c.family in ("scales_zero", "nan"))
-
-
-def _nan_results(c: Config) -> bool:
-    """Float8 cases with NaN quotients: NaN x, or 0/0 and x/NaN from degenerate scales."""
-    return c.family == "nan" or c.family == "scales_zero"
-
-
-# Each row: (heading in docs/divergences.md, implementations whose bits differ, predicate).
-DIVERGENCES: tuple[tuple[str, tuple[str, ...], object], ...] = (
-    ("QL integer: +inf and quotients beyond int32 (onnx.reference)", (REFERENCE,),
-     lambda c: _int_specials(c) and not _signed_integer(c) and c.family != "nan"),
-    ("QL integer: int32 wrap-around when adding the zero point (onnx.reference)", (REFERENCE,),
-     lambda c: _int_specials(c) and _signed_integer(c)),
-    ("QL: int32 x or int32 scale, onnx.reference divides in float64", (REFERENCE,),
-     lambda c: _is_q(c) and "int32" in (c.x_type, c.scale_type) and _integer(c)
-     and c.family == "near_ties"),
-    ("QL-23+: float32 x with a float16 or bfloat16 scale", (REFERENCE,),
-     lambda c: _is_q(c) and c.version >= 23 and c.x_type == "float" and not c.precision
-     and c.scale_type in ("float16", "bfloat16") and c.family in ("grid", "near_ties", "random")),
-    ("QL-23+: float32 x with a float16 or bfloat16 scale", (ONNXRUNTIME,),
-     lambda c: _is_q(c) and c.version >= 23 and c.x_type == "float" and not c.precision
-     and c.scale_type == "float16" and c.family in ("near_ties", "random")),
-    ("QL-23+: precision attribute", BOTH,
-     lambda c: _is_q(c) and c.precision in (10, 16) and c.family in ("near_ties", "random")),
-    ("QL-19/21: float16 x, onnxruntime divides in float32", (ONNXRUNTIME,),
-     lambda c: _is_q(c) and c.version in (19, 21) and c.x_type == "float16"
-     and c.family in ("near_ties", "random")),
-    ("QL float8: sign of a NaN result", BOTH,
-     lambda c: _is_q(c) and c.qtype == "float8e4m3fn" and _nan_results(c)
-     and c.scale_type != "float8e8m0"),
-    ("QL float8: sign of a NaN result", (ONNXRUNTIME,),
-     lambda c: _is_q(c) and c.qtype == "float8e5m2" and _nan_results(c)),
-    ("QL e5m2: onnx.reference NaN codes 0x7E / 0xFE", (REFERENCE,),
-     lambda c: _is_q(c) and c.qtype == "float8e5m2" and _nan_results(c)),
-    ("QL e4m3fn saturate=0: negative overflow", BOTH,
-     lambda c: _is_q(c) and c.qtype == "float8e4m3fn" and c.saturate == 0),
-    ("QL e4m3fn saturate=0: onnxruntime 448 for 480 <= |q| < 496", (ONNXRUNTIME,),
-     lambda c: _is_q(c) and c.qtype == "float8e4m3fn" and c.saturate == 0
-     and c.family == "grid"),
-    ("QL e5m2 saturate=0: onnxruntime NaN for 61440 <= |q| < 65536", (ONNXRUNTIME,),
-     lambda c: _is_q(c) and c.qtype == "float8e5m2" and c.saturate == 0
-     and c.family == "grid"),
-    ("QL float8: -0 quotient plus a +0 zero point", BOTH,
-     lambda c: _is_q(c) and _float8_with_sign(c) and c.zero_point
-     and c.family in ("zeros", "scales_inf")),
-    ("QL float4/float6: NaN", (REFERENCE,),
-     lambda c: _is_q(c) and c.qtype in ("float4e2m1", "float6e2m3", "float6e3m2")
-     and _nan_results(c)),
-    ("DQ: int32 x beyond 2^24", BOTH,
-     lambda c: _is_dq(c) and c.qtype == "int32"
-     and c.family in ("codes", "near_ties", "random", "scales")),
-    ("DQ: float16 / bfloat16 output rounded twice", BOTH,
-     lambda c: _is_dq(c) and c.family == "near_ties" and _integer(c)),
-    ("DynamicQuantizeLinear: all-zero or empty x", (REFERENCE,),
-     lambda c: _is_dynamic(c) and c.family == "zeros"),
-    # onnxruntime: only a NaN in some positions, e.g. the last of a full 8-element block.
-    ("DynamicQuantizeLinear: NaN in x", BOTH,
-     lambda c: _is_dynamic(c) and c.family == "nan"),
-)
-
-
-def divergences_of(config: Config) -> list[tuple[str, tuple[str, ...]]]:
-    """(heading, implementations) of every divergence row the configuration matches."""
-    return [(heading, who) for heading, who, predicate in DIVERGENCES if predicate(config)]
-
-
-# --------------------------------------------------------------------------------------
-# Cases: configurations with data
 
 
 @dataclass
@@ -464,14 +52,9 @@ class Case:
     def divergence(self) -> str | None:
         return self.divergences[0][0] if self.divergences else None
 
-    def divergence_for(self, implementation: str) -> str | None:
-        """The heading of the first divergence that concerns `implementation`."""
-        for heading, who in self.divergences:
-            if implementation in who:
-                return heading
-        return None
 
-
+# Seeded by the case name, not drawn from one stream: a case's bits do not depend on
+# which other cases are selected.
 def _rng(seed: int, name: str) -> np.random.Generator:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
@@ -497,10 +80,7 @@ def _smallest_normal(etype: ElementType) -> float:
 def _all_codes(etype: ElementType) -> np.ndarray:
     """Every code of a type of at most 8 bits, as an array of that type, in code order."""
     if etype.kind == "integer":
-        codes = np.arange(1 << etype.bits, dtype=np.int64)
-        if etype.lo < 0:
-            codes = np.where(codes >= 1 << (etype.bits - 1), codes - (1 << etype.bits), codes)
-        return codes.astype(etype.dtype)
+        return etype.code_values(np.arange(1 << etype.bits)).astype(etype.dtype)
     return np.arange(1 << etype.bits, dtype=np.uint8).view(etype.dtype)
 
 
