@@ -275,11 +275,13 @@ def _write(root: str, relative: str, data: bytes, made: set) -> None:
 
 
 def _format_bytes(n: int) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+    if n < 1000:
+        return f"{n} bytes"
+    for unit in ("KB", "MB"):
         n /= 1000
-    return f"{n} bytes"
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} GB"
 
 
 def cmd_golden(args) -> int:

@@ -341,6 +341,20 @@ def _special_scales(c: Config) -> np.ndarray:
     return _cast(np.array(values), s)
 
 
+def _node(c: Config, x, scale, zero_point, attributes: dict[str, int]):
+    """The node's inputs under the spec's names (the zero point where the configuration
+    gives one) and its attributes: the granularity's, then those the configuration sets."""
+    names = [p.name for p in get_spec(c.op_type, c.version).inputs]
+    inputs = list(zip(names, (x, scale, zero_point) if c.zero_point else (x, scale)))
+    if c.saturate is not None:
+        attributes["saturate"] = c.saturate
+    if c.precision is not None:
+        attributes["precision"] = c.precision
+    if c.output_dtype is not None:
+        attributes["output_dtype"] = _etype(c.output_dtype).onnx_id
+    return inputs, attributes
+
+
 def _q_inputs(c: Config, seed: int, size: int):
     rng = _rng(seed, c.name)
     q, x_t, s_t = _etype(c.qtype), _etype(c.x_type), _etype(c.scale_type)
@@ -386,16 +400,7 @@ def _q_inputs(c: Config, seed: int, size: int):
         zp = _zero_points(c, q, scale_a.shape, rng)
     else:
         raise ValueError(f"QuantizeLinear has no input family {c.family!r}")
-    inputs = [("x", x), ("y_scale", scale_a)]
-    if c.zero_point:
-        inputs.append(("y_zero_point", zp))
-    if c.saturate is not None:
-        attributes["saturate"] = c.saturate
-    if c.precision is not None:
-        attributes["precision"] = c.precision
-    if c.output_dtype is not None:
-        attributes["output_dtype"] = _etype(c.output_dtype).onnx_id
-    return inputs, attributes
+    return _node(c, x, scale_a, zp, attributes)
 
 
 def _dq_codes(c: Config, q: ElementType, rng) -> np.ndarray:
@@ -485,12 +490,7 @@ def _dq_inputs(c: Config, seed: int, size: int):
         zp = _zero_points(c, q, scale_a.shape, rng)
     else:
         raise ValueError(f"DequantizeLinear has no input family {c.family!r}")
-    inputs = [("x", x), ("x_scale", scale_a)]
-    if c.zero_point:
-        inputs.append(("x_zero_point", zp))
-    if c.output_dtype is not None:
-        attributes["output_dtype"] = _etype(c.output_dtype).onnx_id
-    return inputs, attributes
+    return _node(c, x, scale_a, zp, attributes)
 
 
 def _dynamic_inputs(c: Config, seed: int, size: int):
