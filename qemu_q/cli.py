@@ -50,6 +50,20 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def _op_names() -> str:
+    """The ops and their short names, for help texts: from the spec table's aliases."""
+    from ._opspec import OP_ALIASES
+
+    return ", ".join(f"{op} ({', '.join(aliases)})" if aliases else op
+                     for op, aliases in OP_ALIASES.items())
+
+
+def _precision_names() -> str:
+    from ._opspec import PRECISION_TYPES
+
+    return ", ".join(f"{name} ({code})" for code, name in PRECISION_TYPES.items())
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from ._opspec import NEWEST_OPSET
@@ -73,8 +87,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--out", "-o", required=True, metavar="DIR", help="output directory")
     g.add_argument("--op", action=_CsvAppend, metavar="OP",
-                   help="ops to include: QuantizeLinear, DequantizeLinear, "
-                        "DynamicQuantizeLinear (or q, dq, dynamic); repeat or comma-separate")
+                   help=f"ops to include: {_op_names()}; repeat or comma-separate")
     g.add_argument("--opset", action=_CsvAppend, metavar="N",
                    help="opsets to include; each selects, per op, the version a model at "
                         f"that opset runs (10..{NEWEST_OPSET})")
@@ -130,7 +143,7 @@ def _build_parser() -> argparse.ArgumentParser:
             p.add_argument("--saturate", type=_int, choices=(0, 1),
                            help="saturate attribute for float8 outputs (default 1)")
             p.add_argument("--precision", metavar="TYPE",
-                           help="precision attribute: float, float16, bfloat16 or 1/10/16")
+                           help=f"precision attribute: {_precision_names()}")
         p.add_argument("--out", "-o", metavar="FILE",
                        help="write y here (.npy, storage form); without it, print y")
 
@@ -140,8 +153,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     "its inputs, outputs, attributes, type constraints and rules.",
         epilog="Example: qemu-q spec QuantizeLinear --opset 21",
     )
-    s.add_argument("op", metavar="OP", help="QuantizeLinear, DequantizeLinear, "
-                                            "DynamicQuantizeLinear (or q, dq, dynamic)")
+    s.add_argument("op", metavar="OP", help=_op_names())
     s.add_argument("--opset", type=_int, help=f"opset (default {NEWEST_OPSET})")
     return parser
 
@@ -201,7 +213,7 @@ def _selection(args):
 
 
 def _formats(args) -> tuple[str, ...]:
-    from . import writers
+    from .golden import writers
 
     if not args.format:
         found = writers.available_formats()
@@ -219,7 +231,7 @@ def _formats(args) -> tuple[str, ...]:
 
 
 def _prepare_out(out: str, force: bool) -> None:
-    from . import writers
+    from .golden import writers
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise RuntimeError(f"--out {out} exists and is not a directory")
@@ -263,15 +275,18 @@ def _write(root: str, relative: str, data: bytes, made: set) -> None:
 
 
 def _format_bytes(n: int) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+    if n < 1000:
+        return f"{n} bytes"
+    for unit in ("KB", "MB"):
         n /= 1000
-    return f"{n} bytes"
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} GB"
 
 
 def cmd_golden(args) -> int:
-    from . import __version__, golden, writers
+    from . import __version__, golden
+    from .golden import writers
 
     start = time.monotonic()
     selection = _selection(args)
@@ -358,7 +373,7 @@ def _load_array(spec: str, role: str) -> np.ndarray:
 
 def _typed(array: np.ndarray, type_name: str | None, role: str) -> np.ndarray:
     from ._dtypes import element_type
-    from .writers import from_storage
+    from .golden.writers import from_storage
 
     if type_name is None:
         try:
@@ -388,23 +403,32 @@ def _attribute_args(args, op: str) -> dict:
         if args.saturate is not None:
             attributes["saturate"] = args.saturate
         if args.precision is not None:
-            text = args.precision
-            names = {"float": 1, "float32": 1, "float16": 10, "fp16": 10, "bfloat16": 16,
-                     "bf16": 16}
-            if text.isdigit():
-                attributes["precision"] = int(text)
-            elif text.lower() in names:
-                attributes["precision"] = names[text.lower()]
-            else:
-                raise UsageError(f"{PROG} quantize: --precision {text!r}; allowed float, "
-                                 f"float16, bfloat16 (or 1, 10, 16)")
+            attributes["precision"] = _precision_code(args.precision)
     return attributes
+
+
+def _precision_code(text: str) -> int:
+    """--precision as the attribute's int: a number as given (run_op checks it), or a
+    type name in any spelling element_type knows (fp16, bf16...)."""
+    from ._dtypes import element_type
+    from ._opspec import PRECISION_TYPES
+
+    if text.isdigit():
+        return int(text)
+    codes = {name: code for code, name in PRECISION_TYPES.items()}
+    try:
+        name = element_type(text, "--precision").name
+    except ValueError:
+        name = None
+    if name not in codes:
+        raise UsageError(f"{PROG} quantize: --precision {text!r}; allowed {_precision_names()}")
+    return codes[name]
 
 
 def cmd_apply(args, op: str) -> int:
     from ._opspec import NEWEST_OPSET, get_spec
     from ._registry import run_op
-    from .writers import read_npz, to_storage
+    from .golden.writers import read_npz, to_storage
 
     command = args.command
     spec_for_names = get_spec(op, None)
@@ -475,15 +499,10 @@ def _inputs_from_npz(path, names, read_npz):
 
 
 def cmd_spec(args) -> int:
-    from ._opspec import get_spec
-    from .golden import resolve_op
+    from ._opspec import get_spec, resolve_op_name
 
     try:
-        op = resolve_op(args.op)
-    except ValueError as error:
-        raise UsageError(f"{PROG} spec: {error}") from None
-    try:
-        spec = get_spec(op, args.opset)
+        spec = get_spec(resolve_op_name(args.op), args.opset)
     except ValueError as error:
         raise UsageError(f"{PROG} spec: {error}") from None
     print(spec.describe())

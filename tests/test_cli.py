@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import qemu_q
-from qemu_q import cli, writers
+from qemu_q import cli
+from qemu_q.golden import writers
 
 INT4 = qemu_q.ELEMENT_TYPES["int4"].dtype
 

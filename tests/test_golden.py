@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import qemu_q
-from qemu_q import cli, golden, writers
+from qemu_q import cli, golden
+from qemu_q.golden import writers
 
 onnx = pytest.importorskip("onnx", reason="golden tests read models with onnx (test extra)")
 from onnx import numpy_helper  # noqa: E402
@@ -313,14 +314,50 @@ def test_divergence_headings_are_documented():
 # Files
 
 
+def _environment(package_home, **variables) -> dict[str, str]:
+    """os.environ for a subprocess that imports the qemu_q under test."""
+    path = os.pathsep.join(p for p in (str(package_home), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **variables}
+
+
+# Every op, input family, granularity and kind of variant, on a few quantized types and
+# opsets: the command that runs twice is this selection, not the whole suite (4240 cases,
+# about 42000 files), whose bytes are compared with it in memory.
+SAMPLE_TYPES = ("uint8", "int4", "float8e4m3fn", "int32")
+SAMPLE_OPSETS = (10, 25)
+SAMPLE = ("--type", ",".join(SAMPLE_TYPES), "--opset", ",".join(map(str, SAMPLE_OPSETS)))
+
+
 @pytest.fixture(scope="module")
-def written(tmp_path_factory):
-    """The README's main job, run twice into fresh folders."""
-    first = tmp_path_factory.mktemp("golden") / "golden"
-    second = tmp_path_factory.mktemp("golden") / "golden"
-    for out in (first, second):
-        assert cli.main(["golden", "--out", str(out)]) == 0
-    return first, second
+def sample_runs(tmp_path_factory, package_home):
+    """`qemu-q golden` on SAMPLE, run twice, each in a fresh interpreter with its own hash
+    seed."""
+    runs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path_factory.mktemp("golden") / "golden"
+        done = subprocess.run([sys.executable, "-m", "qemu_q", "golden", "--out", str(out),
+                               *SAMPLE], capture_output=True, text=True,
+                              env=_environment(package_home, PYTHONHASHSEED=hash_seed))
+        assert done.returncode == 0, done.stderr
+        runs.append(out)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def written(sample_runs):
+    """The SAMPLE suite as `qemu-q golden` writes it."""
+    return sample_runs[0]
+
+
+@pytest.fixture(scope="module")
+def suite_files(suite):
+    """Every file and manifest entry of the whole default suite, built in memory."""
+    files, entries = {}, {}
+    for case in suite:
+        case_files, entries[case.name] = writers.case_files(case, writers.FORMATS,
+                                                            writers.DEFAULT_WORD_BITS)
+        files.update(case_files)
+    return files, entries
 
 
 def _all_files(root: pathlib.Path) -> dict[str, bytes]:
@@ -328,31 +365,59 @@ def _all_files(root: pathlib.Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
-def test_same_command_same_bytes(written):
-    first, second = written
+def _manifest(root: pathlib.Path) -> dict:
+    return json.loads((root / "manifest.json").read_text())
+
+
+def test_sample_covers_every_op_family_granularity_and_variant(written):
+    configs = list(golden.iter_configs())
+    entries = _manifest(written)["cases"]
+    whole = {(c.op_type, c.family, c.granularity, c.variant.split("_")[0]) for c in configs}
+    chosen = {(e["op_type"], e["family"], e["granularity"], e["variant"].split("_")[0])
+              for e in entries}
+    assert chosen == whole
+    assert len(entries) < len(configs) / 10
+
+
+def test_same_command_same_bytes(sample_runs):
+    first, second = sample_runs
     a, b = _all_files(first), _all_files(second)
     assert a.keys() == b.keys()
     different = [name for name in a if a[name] != b[name]]
     assert not different, f"{len(different)} files differ, e.g. {different[:5]}"
 
 
+def test_case_files_do_not_depend_on_the_selection(written, suite_files):
+    """A case's files and manifest entry are the same in the whole suite and in a
+    selection."""
+    whole, entries = suite_files
+    selected = _all_files(written)
+    selected.pop("manifest.json")
+    different = [path for path in selected if whole.get(path) != selected[path]]
+    assert not different, f"{len(different)} files differ, e.g. {different[:5]}"
+    for entry in _manifest(written)["cases"]:
+        assert entry == entries[entry["name"]], entry["name"]
+
+
 def test_npz_members_have_fixed_dates(written):
-    first, _ = written
-    for path in sorted((first / "npz").glob("*.npz"))[:50]:
+    for path in sorted((written / "npz").glob("*.npz"))[:50]:
         with zipfile.ZipFile(path) as archive:
             assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
 
 
-def test_manifest_and_layout(written, suite):
-    first, _ = written
-    manifest = json.loads((first / "manifest.json").read_text())
+def test_manifest_and_layout(written, suite, shared_dir):
+    first = written
+    manifest = _manifest(first)
     assert manifest["qemu_q_version"] == qemu_q.__version__
     assert manifest["seed"] == 0
-    assert manifest["case_count"] == len(manifest["cases"]) == len(suite)
+    selection = golden.Selection(types=SAMPLE_TYPES, opsets=SAMPLE_OPSETS)
+    assert [e["name"] for e in manifest["cases"]] == [
+        c.name for c in golden.iter_configs(selection)]
+    assert manifest["case_count"] == len(manifest["cases"])
     by_name = {case.name: case for case in suite}
-    shared = ROOT.parent / "shared" / "onnx-node-tests" / "test_quantizelinear"
+    shared = shared_dir / "onnx-node-tests" / "test_quantizelinear"
     shared_layout = sorted(str(p.relative_to(shared)) for p in shared.rglob("*") if p.is_file())
-    for entry in manifest["cases"][::37]:
+    for entry in manifest["cases"][::2]:
         case = by_name[entry["name"]]
         assert entry["divergence"] == case.divergence
         folder = first / entry["onnx_dir"]
@@ -393,10 +458,10 @@ def test_written_folders_run_in_onnx_reference(written):
     """A few folders straight from disk, the way a backend test runner reads them."""
     from onnx.reference import ReferenceEvaluator
 
-    first, _ = written
-    manifest = json.loads((first / "manifest.json").read_text())
+    first = written
+    manifest = _manifest(first)
     picked = [e for e in manifest["cases"] if e["divergence"] is None
-              and e["since_version"] >= 19 and e["family"] in ("grid", "codes")][::15]
+              and e["since_version"] >= 19 and e["family"] in ("grid", "codes")][::3]
     assert len(picked) > 10
     for entry in picked:
         folder = first / entry["onnx_dir"]
@@ -473,7 +538,6 @@ def test_npz_and_hex_without_onnx(tmp_path, package_home):
     script = f"""
 import sys
 sys.modules["onnx"] = None  # import onnx raises ImportError
-sys.path.insert(0, {str(package_home)!r})
 from qemu_q import cli
 code = cli.main(["golden", "--out", {str(tmp_path / 'a')!r}, "--op", "q", "--opset", "10"])
 assert code == 0, code
@@ -481,7 +545,7 @@ code = cli.main(["golden", "--out", {str(tmp_path / 'b')!r}, "--format", "onnx"]
 assert code == 1, code
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=str(tmp_path))
+                          cwd=str(tmp_path), env=_environment(package_home))
     assert done.returncode == 0, done.stderr
     assert "the onnx format needs the onnx package: pip install qemu_q[onnx]" in done.stderr
     assert "Traceback" not in done.stderr

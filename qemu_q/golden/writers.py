@@ -14,8 +14,8 @@ import zipfile
 
 import numpy as np
 
-from ._dtypes import ELEMENT_TYPES, ElementType, array_element_type
-from ._pack import pack, unpack
+from .._dtypes import ELEMENT_TYPES, ElementType, array_element_type
+from .._pack import pack, unpack
 
 ONNX_MISSING = "the onnx format needs the onnx package: pip install qemu_q[onnx]"
 WORD_BITS = (8, 16, 32, 64)

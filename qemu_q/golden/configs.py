@@ -1,0 +1,249 @@
+"""Golden-suite configurations: what each case is (op, version, types, attributes,
+granularity, input family), without its data, generated from the op-spec table; and the
+selection of cases that the command line's options make."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from .._dtypes import ELEMENT_TYPES, element_type
+from .._opspec import (GRANULARITIES, OP_VERSIONS, PRECISION_TYPES, first_version_allowing,
+                       get_spec, resolve_op_name)
+from .._rules import division_precision, has_granularity, saturate_applies, shares_input_type
+
+Q_FAMILIES = ("grid", "near_ties", "zeros", "nan", "overflow", "random", "scales",
+              "scales_zero", "scales_inf")
+DQ_FAMILIES = ("codes", "nan_inf", "near_ties", "random", "scales")
+DYNAMIC_FAMILIES = ("random", "positive", "negative", "zeros", "tiny", "nan", "inf", "neg_inf")
+FAMILIES = tuple(dict.fromkeys(Q_FAMILIES + DQ_FAMILIES + DYNAMIC_FAMILIES))
+
+# Significant bits of the value types, for "is this product exact in float32".
+_SIGNIFICANT_BITS = {"float": 24, "float16": 11, "bfloat16": 8, "float8e8m0": 1,
+                     "int32": 31}
+_SMALL_FLOAT_SIGNIFICANT_BITS = {"float8e4m3fn": 4, "float8e4m3fnuz": 4, "float8e5m2": 3,
+                                 "float8e5m2fnuz": 3, "float6e2m3": 4, "float6e3m2": 3,
+                                 "float4e2m1": 2}
+
+
+def _type_names(onnx_types: Iterable[str]) -> list[str]:
+    """ONNX type strings to our names, in ELEMENT_TYPES order (a stable order)."""
+    names = {t[7:-1] for t in onnx_types}
+    return [name for name in ELEMENT_TYPES if name in names]
+
+
+@dataclass(frozen=True)
+class Config:
+    op_type: str
+    version: int  # the since-version; the case's model imports this opset
+    qtype: str  # QuantizeLinear's y, DequantizeLinear's x, uint8 for DynamicQuantizeLinear
+    family: str
+    variant: str = "base"
+    x_type: str = "float"  # QuantizeLinear / DynamicQuantizeLinear x
+    scale_type: str = "float"
+    y_type: str = "float"  # DequantizeLinear's output
+    granularity: str = "per_tensor"
+    saturate: int | None = None  # None: attribute absent (default 1)
+    precision: int | None = None
+    output_dtype: str | None = None  # node attribute output_dtype
+    zero_point: bool = True  # whether the zero-point input is given
+    full_sweep: bool = False  # DequantizeLinear 16-bit codes: all 65536 rather than a sample
+
+    @property
+    def name(self) -> str:
+        parts = ["test", self.op_type.lower(), str(self.version), self.qtype]
+        if self.variant != "base":
+            parts.append(self.variant)
+        parts.append(self.family)
+        return "_".join(parts)
+
+    @property
+    def division_precision(self) -> str:
+        """QuantizeLinear: the type the quotient is rounded to (docs/semantics.md)."""
+        spec = get_spec(self.op_type, self.version)
+        return division_precision(spec, ELEMENT_TYPES[self.scale_type], self.precision or 0).name
+
+
+def _q_configs(version: int) -> Iterator[Config]:
+    spec = get_spec("QuantizeLinear", version)
+    x_types = _type_names(spec.allowed_types("x"))
+    scale_types = _type_names(spec.allowed_types("y_scale"))
+    shared = shares_input_type(spec)
+    value_families = ("grid", "near_ties", "zeros", "nan", "overflow", "random")
+    for qtype in _type_names(spec.allowed_types("y")):
+        q = ELEMENT_TYPES[qtype]
+        base = dict(op_type="QuantizeLinear", version=version, qtype=qtype)
+        for family in value_families:
+            yield Config(**base, family=family)
+        if saturate_applies(spec, q):
+            for family in ("grid", "overflow"):
+                yield Config(**base, family=family, variant="sat0", saturate=0)
+        for x_type in x_types:
+            if x_type == "float":
+                continue
+            # Matched types also where they may differ: an fp16 model has fp16 scales.
+            scale = x_type if x_type in scale_types else "float"
+            for family in value_families:
+                if x_type == "int32" and family in ("zeros", "nan"):
+                    continue  # int32 has neither
+                yield Config(**base, family=family, variant=f"x_{x_type}", x_type=x_type,
+                             scale_type=scale)
+        if not shared:  # the scale has a type of its own (float32 only before 19)
+            for scale in scale_types:
+                if scale == "float":
+                    continue
+                families = ("grid", "random") if scale == "float8e8m0" else (
+                    "grid", "near_ties", "random")
+                for family in families:
+                    yield Config(**base, family=family, variant=f"scale_{scale}",
+                                 scale_type=scale)
+        if "precision" in spec.attributes:
+            for precision, pname in PRECISION_TYPES.items():
+                for family in ("near_ties", "random"):
+                    yield Config(**base, family=family, variant=f"precision_{pname}",
+                                 precision=precision)
+        if "output_dtype" in spec.attributes:
+            yield Config(**base, family="random", variant="output_dtype", output_dtype=qtype,
+                         zero_point=False)
+        elif qtype == "uint8":
+            yield Config(**base, family="random", variant="no_zero_point", zero_point=False)
+        if has_granularity(spec, "per_axis"):
+            for family in ("random", "scales", "scales_zero", "scales_inf"):
+                yield Config(**base, family=family, variant="per_axis", granularity="per_axis")
+        if has_granularity(spec, "blocked"):
+            yield Config(**base, family="random", variant="blocked", granularity="blocked")
+        if "float8e8m0" in scale_types:
+            for family in ("scales", "scales_zero"):
+                yield Config(**base, family=family, variant="per_axis_scale_float8e8m0",
+                             granularity="per_axis", scale_type="float8e8m0")
+
+
+def _product_may_round(qtype: str, scale_type: str) -> bool:
+    """Whether (code - zero_point) * scale can be inexact in float32."""
+    q = ELEMENT_TYPES[qtype]
+    if q.kind == "integer":
+        code_bits = q.bits + (1 if q.name != "int32" else 0)  # the zero point adds a bit
+    else:
+        code_bits = _SMALL_FLOAT_SIGNIFICANT_BITS[q.name]
+    return code_bits + _SIGNIFICANT_BITS[scale_type] > 24
+
+
+def _dq_configs(version: int) -> Iterator[Config]:
+    spec = get_spec("DequantizeLinear", version)
+    scale_types = _type_names(spec.allowed_types("x_scale"))
+    output_types = _type_names(spec.allowed_types("y"))
+    has_output_dtype = "output_dtype" in spec.attributes
+    for qtype in _type_names(spec.allowed_types("x")):
+        q = ELEMENT_TYPES[qtype]
+        first = version == first_version_allowing("DequantizeLinear", "x", f"tensor({qtype})")
+        zp = qtype != "int32"  # int32 codes have no zero point
+        base = dict(op_type="DequantizeLinear", version=version, qtype=qtype, zero_point=zp)
+
+        def families(scale: str, out: str, code_families=("codes", "random")):
+            found = list(code_families)
+            if out in ("float16", "bfloat16") and _product_may_round(qtype, scale):
+                found.insert(1, "near_ties")
+            return found
+
+        yield Config(**base, family="codes", full_sweep=first)
+        if q.kind == "small_float" and q.bits == 8:
+            yield Config(**base, family="nan_inf")
+        yield Config(**base, family="random")
+        for scale in scale_types:
+            if scale in ("float", "float8e8m0"):
+                continue  # e8m0 scales need output_dtype: see below
+            out = scale  # 19+: the output has the scale's type (10, 13 have float32 only)
+            for family in families(scale, out):
+                yield Config(**base, family=family, variant=f"scale_{scale}", scale_type=scale,
+                             y_type=out)
+        if has_output_dtype:
+            for out in output_types:
+                for family in families("float", out):
+                    yield Config(**base, family=family, variant=f"output_dtype_{out}",
+                                 output_dtype=out, y_type=out)
+            if "float8e8m0" in scale_types:
+                # An e8m0 scale is no output type: a model needs output_dtype (without it,
+                # ONNX shape inference rejects the model).
+                for out in output_types:
+                    for family in families("float8e8m0", out, ("codes",)):
+                        yield Config(**base, family=family,
+                                     variant=f"scale_float8e8m0_output_dtype_{out}",
+                                     scale_type="float8e8m0", output_dtype=out, y_type=out)
+        if zp:
+            yield Config(**base | {"zero_point": False}, family="random",
+                         variant="no_zero_point")
+        if has_granularity(spec, "per_axis"):
+            yield Config(**base, family="random", variant="per_axis", granularity="per_axis")
+            yield Config(**base, family="scales", variant="per_axis", granularity="per_axis")
+        if has_granularity(spec, "blocked"):
+            yield Config(**base, family="random", variant="blocked", granularity="blocked")
+        if "float8e8m0" in scale_types:
+            yield Config(**base, family="scales",
+                         variant="per_axis_scale_float8e8m0_output_dtype_float",
+                         granularity="per_axis", scale_type="float8e8m0",
+                         output_dtype="float", y_type="float")
+
+
+def _dynamic_configs(version: int) -> Iterator[Config]:
+    for family in DYNAMIC_FAMILIES:
+        yield Config(op_type="DynamicQuantizeLinear", version=version, qtype="uint8",
+                     family=family, zero_point=False)
+
+
+# In the order of the suite (and of its manifest).
+_CONFIGS = {
+    "QuantizeLinear": _q_configs,
+    "DequantizeLinear": _dq_configs,
+    "DynamicQuantizeLinear": _dynamic_configs,
+}
+OPS = tuple(_CONFIGS)  # the ops the suite covers
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which cases to generate; None selects all."""
+
+    ops: tuple[str, ...] | None = None
+    opsets: tuple[int, ...] | None = None  # each resolves per op to the since-version it runs
+    types: tuple[str, ...] | None = None  # quantized type names
+    granularities: tuple[str, ...] | None = None
+    families: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.ops is not None:
+            object.__setattr__(self, "ops", tuple(resolve_op_name(op) for op in self.ops))
+        if self.types is not None:
+            object.__setattr__(self, "types",
+                               tuple(element_type(t, "type").name for t in self.types))
+        for g in self.granularities or ():
+            if g not in GRANULARITIES:
+                raise ValueError(f"unknown granularity {g!r}; known: {', '.join(GRANULARITIES)}")
+        for opset in self.opsets or ():
+            get_spec("QuantizeLinear", opset)  # the range check, with the table's message
+        for f in self.families or ():
+            if f not in FAMILIES:
+                raise ValueError(f"unknown family {f!r}; known: {', '.join(FAMILIES)}")
+
+    def versions(self, op_type: str) -> list[int]:
+        if self.opsets is None:
+            return list(OP_VERSIONS[op_type])
+        found = {get_spec(op_type, opset).since_version for opset in self.opsets
+                 if opset >= OP_VERSIONS[op_type][0]}
+        return sorted(found)
+
+    def accepts(self, config: Config) -> bool:
+        return ((self.types is None or config.qtype in self.types)
+                and (self.granularities is None or config.granularity in self.granularities)
+                and (self.families is None or config.family in self.families))
+
+
+def iter_configs(selection: Selection | None = None) -> Iterator[Config]:
+    """Every case configuration of the suite, in a stable order."""
+    selection = selection or Selection()
+    for op_type in OPS:
+        if selection.ops is not None and op_type not in selection.ops:
+            continue
+        for version in selection.versions(op_type):
+            for config in _CONFIGS[op_type](version):
+                if selection.accepts(config):
+                    yield config
