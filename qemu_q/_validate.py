@@ -23,6 +23,10 @@ class ArraySpec:
     dtype: np.dtype
     shape: tuple
 
+    @staticmethod
+    def of(array) -> "ArraySpec | None":
+        return None if array is None else ArraySpec(array.dtype, array.shape)
+
     @property
     def ndim(self):
         return len(self.shape)
@@ -30,10 +34,6 @@ class ArraySpec:
     @property
     def size(self):
         return math.prod(self.shape)
-
-
-def array_spec(array) -> ArraySpec | None:
-    return None if array is None else ArraySpec(array.dtype, array.shape)
 
 
 def cached_plan(plan_fn, key):

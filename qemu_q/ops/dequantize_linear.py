@@ -137,10 +137,9 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
             where = label(get_spec("DequantizeLinear", opset), opset)
             raise TypeError(f"{where}: dtype= and shape= describe packed input; pass packed=True")
         x = _coerce.as_array(x, "x")
-        x_spec = ArraySpec(x.dtype, x.shape)
+        x_spec = ArraySpec.of(x)
     plan = cached_plan(dequantize_plan, (
-        opset, x_spec, ArraySpec(scale.dtype, scale.shape),
-        None if zero_point is None else ArraySpec(zero_point.dtype, zero_point.shape),
+        opset, x_spec, ArraySpec.of(scale), ArraySpec.of(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.output_dtype(output_dtype), _dispatch.FAST_KERNELS,
     ))

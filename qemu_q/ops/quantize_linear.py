@@ -152,8 +152,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     zero_point = _coerce.optional_array(y_zero_point, "y_zero_point")
     packed = _coerce.flag(packed, "packed")
     plan = cached_plan(quantize_plan, (
-        normalize_opset(opset), ArraySpec(x.dtype, x.shape), ArraySpec(scale.dtype, scale.shape),
-        None if zero_point is None else ArraySpec(zero_point.dtype, zero_point.shape),
+        normalize_opset(opset), ArraySpec.of(x), ArraySpec.of(scale), ArraySpec.of(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.int_attribute(saturate, "saturate", allow_bool=True),
         _coerce.int_attribute(precision, "precision"), _coerce.output_dtype(output_dtype), nan,
