@@ -3,7 +3,6 @@ rounded once to the output type."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
