@@ -24,7 +24,9 @@ LITTLE_ENDIAN = sys.byteorder == "little"
 def flat_storage(array: np.ndarray, etype: ElementType) -> np.ndarray:
     """The elements of `array`, C order, contiguous and aligned (a copy otherwise), as
     the kernels' storage dtype."""
-    return np.require(array, requirements=("C", "A")).reshape(-1).view(etype.storage)
+    if not (array.flags.c_contiguous and array.flags.aligned):
+        array = np.require(array, requirements=("C", "A"))
+    return array.reshape(-1).view(etype.storage)
 
 
 def _check_out(out, inputs) -> np.ndarray:

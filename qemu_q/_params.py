@@ -43,8 +43,11 @@ def as_parameter(array: np.ndarray, dtype, slot: str) -> np.ndarray:
     if flat.dtype == dtype and flat.flags.c_contiguous and flat.flags.aligned:
         return flat
     values = scratch_array(slot, flat.size, np.dtype(dtype))
-    with np.errstate(invalid="ignore"):
+    if flat.dtype.kind in "iub":
         np.copyto(values, flat, casting="unsafe")
+    else:
+        with np.errstate(invalid="ignore"):
+            np.copyto(values, flat, casting="unsafe")
     return values
 
 

@@ -56,7 +56,16 @@ def _validate(n_threads, argument: str) -> int:
 
 
 def _from_environment() -> int | None:
-    text = os.environ.get("QEMU_Q_NUM_THREADS", "").strip()
+    # Read on every call (a process may set it after import), parsed once per value.
+    text = os.environ.get("QEMU_Q_NUM_THREADS")
+    if text is None:
+        return None
+    return _parse_environment(text)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_environment(text: str) -> int | None:
+    text = text.strip()
     if not text:
         return None
     try:

@@ -24,8 +24,8 @@ class ArraySpec:
     shape: tuple
 
     @staticmethod
-    def of(array) -> "ArraySpec | None":
-        return None if array is None else ArraySpec(array.dtype, array.shape)
+    def of_signature(signature) -> "ArraySpec | None":
+        return None if signature is None else ArraySpec(*signature)
 
     @property
     def ndim(self):
@@ -36,9 +36,15 @@ class ArraySpec:
         return math.prod(self.shape)
 
 
+def signature(array) -> tuple | None:
+    """What a plan key holds of an array: (dtype, shape); None for an absent input."""
+    return None if array is None else (array.dtype, array.shape)
+
+
 def cached_plan(plan_fn, key):
     """plan_fn(*key), from its cache when the key is hashable (an unhashable attribute
-    value is validated, and rejected, uncached). Arrays enter the key as ArraySpecs."""
+    value is validated, and rejected, uncached). Arrays enter the key as signatures,
+    which plan builders read through ArraySpec.of_signature."""
     try:
         return plan_fn(*key)
     except TypeError:

@@ -3,6 +3,7 @@ rounded once to the output type."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -20,7 +21,7 @@ from .._registry import register
 from .._rules import dequantize_output_type, label, multiplication_precision
 from .._threads import in_default_fp_environment, resolve_threads
 from .._validate import (
-    ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity,
+    ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
 )
 
 
@@ -55,9 +56,11 @@ class DequantizePlan:
 
 
 @lru_cache(maxsize=512)
-def dequantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec | None, axis,
+def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                     block_size, output_dtype, fast_kernels) -> DequantizePlan:
     # As quantize_plan: validated once per signature.
+    x, scale = ArraySpec.of_signature(x_signature), ArraySpec.of_signature(scale_signature)
+    zero_point = ArraySpec.of_signature(zp_signature)
     spec = get_spec("DequantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
     where = label(spec, opset)
@@ -130,23 +133,23 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
             x = raw.view(x_type.dtype).reshape(x_shape)  # whole-byte types: a view
         else:
             x = raw.view(x_type.dtype.newbyteorder("<")).astype(x_type.dtype).reshape(x_shape)
-        x_spec = ArraySpec(x_type.dtype, x_shape)
+        x_spec = (x_type.dtype, x_shape)
     else:
         if dtype is not None or shape is not None:
             where = label(get_spec("DequantizeLinear", opset), opset)
             raise TypeError(f"{where}: dtype= and shape= describe packed input; pass packed=True")
         x = _coerce.as_array(x, "x")
-        x_spec = ArraySpec.of(x)
+        x_spec = _signature(x)
     plan = cached_plan(dequantize_plan, (
-        opset, x_spec, ArraySpec.of(scale), ArraySpec.of(zero_point),
+        opset, x_spec, _signature(scale), _signature(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.output_dtype(output_dtype), _dispatch.FAST_KERNELS,
     ))
     x_type, out_type = plan.x_type, plan.out_type
-    size = x_spec.size
+    size = math.prod(x_spec[1])
     n_threads = resolve_threads(n_threads, size)
     # The output is checked before anything is converted or allocated.
-    y = prepare_output(out, x_spec.shape, out_type,
+    y = prepare_output(out, x_spec[1], out_type,
                        [("x", x if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point)])
     if size == 0:
         return y

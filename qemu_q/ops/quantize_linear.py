@@ -25,7 +25,7 @@ from .._rules import (
 )
 from .._threads import in_default_fp_environment, resolve_threads
 from .._validate import (
-    ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity,
+    ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
 )
 
 # Values of quantize_linear's `nan`: the Cast table's signed NaN, or the one NaN code some
@@ -59,10 +59,12 @@ class QuantizePlan:
 
 
 @lru_cache(maxsize=512)
-def quantize_plan(opset, x: ArraySpec, scale: ArraySpec, zero_point: ArraySpec | None, axis,
+def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                   block_size, saturate, precision, output_dtype, nan, fast_kernels) -> QuantizePlan:
     # Everything that depends on types, shapes and attributes only, validated once per
     # signature: repeated calls (a model's layers, a sweep) skip straight to the kernel.
+    x, scale = ArraySpec.of_signature(x_signature), ArraySpec.of_signature(scale_signature)
+    zero_point = ArraySpec.of_signature(zp_signature)
     spec = get_spec("QuantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
     where = label(spec, opset)
@@ -152,7 +154,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
     zero_point = _coerce.optional_array(y_zero_point, "y_zero_point")
     packed = _coerce.flag(packed, "packed")
     plan = cached_plan(quantize_plan, (
-        normalize_opset(opset), ArraySpec.of(x), ArraySpec.of(scale), ArraySpec.of(zero_point),
+        normalize_opset(opset), _signature(x), _signature(scale), _signature(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.int_attribute(saturate, "saturate", allow_bool=True),
         _coerce.int_attribute(precision, "precision"), _coerce.output_dtype(output_dtype), nan,
