@@ -4,6 +4,7 @@
     qemu-q quantize X SCALE [ZP]      QuantizeLinear on .npy / .npz arrays
     qemu-q dequantize X SCALE [ZP]    DequantizeLinear on .npy / .npz arrays
     qemu-q spec OP [--opset N]        the op-spec entry a model at that opset runs
+    qemu-q verify GOLDEN_DIR ACTUAL   compare outputs with a golden suite, bit for bit
 
 Errors are one line on stderr; the exit code is 2 for a usage error and 1 for a failure.
 """
@@ -155,6 +156,26 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("op", metavar="OP", help=_op_names())
     s.add_argument("--opset", type=_int, help=f"opset (default {NEWEST_OPSET})")
+
+    v = commands.add_parser(
+        "verify", help="compare actual outputs with a golden suite, bit for bit",
+        description="Compare each case's actual outputs with the golden suite bit for bit "
+                    "and print a summary and, per failing case, the first mismatching "
+                    "elements. ACTUAL is a directory with one subdirectory per case holding "
+                    "output_N.pb, output_N.hex or outputs.npz (a suite's own node/ and npz/ "
+                    "layout also works), or one file with --case. Exit 0 when every case "
+                    "passes, 1 otherwise.",
+        epilog="Example: qemu-q verify golden dut_out --allow-missing --json report.json",
+    )
+    v.add_argument("golden_dir", metavar="GOLDEN_DIR", help="a suite written by qemu-q golden")
+    v.add_argument("actual", metavar="ACTUAL", help="the outputs to check: a directory or a file")
+    v.add_argument("--case", metavar="NAME", help="check only this case (needed when ACTUAL "
+                                                  "is a file)")
+    v.add_argument("--allow-missing", action="store_true",
+                   help="cases without actual outputs do not fail the run")
+    v.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    v.add_argument("--max-mismatches", type=_int, default=10, metavar="N",
+                   help="mismatching elements shown per case (default 10)")
     return parser
 
 
@@ -510,6 +531,27 @@ def cmd_spec(args) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# verify
+
+
+def cmd_verify(args) -> int:
+    from .golden.verify import verify
+
+    if args.max_mismatches < 0:
+        raise UsageError(f"{PROG} verify: --max-mismatches must be >= 0, got "
+                         f"{args.max_mismatches}")
+    try:
+        report = verify(args.golden_dir, args.actual, case=args.case,
+                        max_mismatches=args.max_mismatches)
+    except ValueError as error:
+        raise UsageError(f"{PROG} verify: {error}") from None
+    print(report.format())
+    if args.json:
+        _write_file(args.json, report.to_json().encode())
+    return 0 if report.ok(args.allow_missing) else 1
+
+
+# --------------------------------------------------------------------------------------
 
 
 def main(argv=None) -> int:
@@ -529,6 +571,8 @@ def main(argv=None) -> int:
             return cmd_apply(args, "QuantizeLinear")
         if args.command == "dequantize":
             return cmd_apply(args, "DequantizeLinear")
+        if args.command == "verify":
+            return cmd_verify(args)
         return cmd_spec(args)
     except SystemExit as done:  # --help and --version
         return done.code if isinstance(done.code, int) else 0

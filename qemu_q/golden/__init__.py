@@ -44,6 +44,7 @@ Modules, by concern:
   divergences   the peer-divergence table (DIVERGENCES, rows keyed to docs/divergences.md
                 headings) and divergences_of
   writers       the files: ONNX node-test folders, .npz archives, Verilog hex, manifest.json
+  verify        qemu_q.verify / qemu-q verify: actual outputs against a suite, bit for bit
 """
 
 from .configs import (DQ_FAMILIES, DYNAMIC_FAMILIES, FAMILIES, OPS, Q_FAMILIES, Config,
