@@ -52,6 +52,7 @@ cdef struct Cursor:
     Py_ssize_t r
     Py_ssize_t block
     Py_ssize_t in_block
+    Py_ssize_t row_block    # o * n_blocks + block: the parameter of a last-axis block
 
 
 cdef inline Layout make_layout(Py_ssize_t size, Py_ssize_t outer, Py_ssize_t axis_len,
@@ -122,7 +123,7 @@ cdef inline void cursor_at(const Layout* L, Py_ssize_t start, Py_ssize_t end, Cu
     c.pos = start
     c.end = end
     if L.granularity == PER_TENSOR:
-        c.o = 0; c.j = 0; c.r = 0; c.block = 0; c.in_block = 0
+        c.o = 0; c.j = 0; c.r = 0; c.block = 0; c.in_block = 0; c.row_block = 0
         return
     row = start // L.inner
     c.r = start - row * L.inner
@@ -130,6 +131,7 @@ cdef inline void cursor_at(const Layout* L, Py_ssize_t start, Py_ssize_t end, Cu
     c.j = row - c.o * L.axis_len
     c.block = c.j // L.block_size
     c.in_block = c.j - c.block * L.block_size
+    c.row_block = c.o * L.n_blocks + c.block
 
 
 cdef inline void cursor_step_axis(const Layout* L, Cursor* c) noexcept nogil:
@@ -139,11 +141,13 @@ cdef inline void cursor_step_axis(const Layout* L, Cursor* c) noexcept nogil:
     if c.in_block == L.block_size:
         c.in_block = 0
         c.block += 1
+        c.row_block += 1
     if c.j == L.axis_len:
         c.j = 0
         c.block = 0
         c.in_block = 0
         c.o += 1
+        c.row_block = c.o * L.n_blocks
 
 
 cdef inline bint next_segment(const Layout* L, Cursor* c, Segment* s) noexcept nogil:
@@ -167,7 +171,7 @@ cdef inline bint next_segment(const Layout* L, Cursor* c, Segment* s) noexcept n
             s.param_index = c.j
             s.params_vary = False
         else:
-            s.param_index = (c.o * L.n_blocks + c.block) * L.inner + c.r
+            s.param_index = c.row_block * L.inner + c.r
             s.params_vary = True
         c.pos += n
         c.r += n
@@ -202,7 +206,7 @@ cdef inline bint next_block_run(const Layout* L, Cursor* c, Segment* s) noexcept
     n = min(min(L.block_size - c.in_block, L.axis_len - c.j), left)
     s.start = c.pos
     s.length = n
-    s.param_index = c.o * L.n_blocks + c.block
+    s.param_index = c.row_block
     s.params_vary = False
     c.pos += n
     c.j += n
@@ -212,7 +216,9 @@ cdef inline bint next_block_run(const Layout* L, Cursor* c, Segment* s) noexcept
         c.block = 0
         c.in_block = 0
         c.o += 1
+        c.row_block += 1
     elif c.in_block == L.block_size:
         c.in_block = 0
         c.block += 1
+        c.row_block += 1
     return True

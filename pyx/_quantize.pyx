@@ -339,7 +339,7 @@ cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py
     piece = start
     while piece < end:
         c.end = min(piece + <Py_ssize_t>PREFETCH_BLOCK, end)
-        param = c.o * p.layout.n_blocks + c.block
+        param = c.row_block
         prefetch(x + piece + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(float))
         prefetch(p.scale32 + param + params_ahead, params_per_block * sizeof(float))
         if integer_codes:
