@@ -853,11 +853,13 @@ def naive_dynamic(x):
         valid = x[~np.isnan(x)]
         lo = min(f(0), valid.min()) if valid.size else f(0)
         hi = max(f(0), valid.max()) if valid.size else f(0)
-        scale = f(f(hi - lo) / f(255))
-        if scale == 0:
-            scale = f(1)
+        # Only a zero range has no scale; a range whose scale underflows keeps scale 0.
+        scale = f(1) if f(hi - lo) == 0 else f(f(hi - lo) / f(255))
         inter = f(f(0) - f(lo / scale))
-        zp = 0 if np.isnan(inter) else int(np.rint(np.clip(inter, 0, 255)))
+        if np.isnan(inter):  # the limits: lo -> -inf gives 255, lo = 0 with scale -> 0 gives 0
+            zp = 255 if np.isinf(lo) else 0
+        else:
+            zp = int(np.rint(np.clip(inter, 0, 255)))
         q = (x / scale).astype(np.float32)
         y = np.clip(np.rint(q) + zp, 0, 255)
         y = np.where(np.isnan(q), 0, y)
@@ -905,6 +907,22 @@ def test_dynamic_positive_infinity():
     # Infinite range: scale inf, zero point 0; finite values quantize to 0, inf/inf is NaN -> 0.
     y = _check_dynamic(np.array([1.0, np.inf, -3.0], np.float32), np.inf, 0)
     assert not y.any()
+
+
+def test_dynamic_negative_infinity():
+    # min x = -inf: scale inf, zero point 255 (the limit); finite values -> 255, -inf/inf NaN -> 0.
+    y = _check_dynamic(np.array([-np.inf, 1.0, -3.0], np.float32), np.inf, 255)
+    assert y.tolist() == [0, 255, 255]
+
+
+@pytest.mark.parametrize("values, zero_point", [
+    ([1e-44], 0),            # lo = 0: 0 - 0/0 -> the zero point of every positive scale
+    ([-1e-44], 255),         # lo < 0: 0 - lo/0 = +inf, saturated
+    ([-1e-44, 1e-44], 255),
+])
+def test_dynamic_underflowing_scale(values, zero_point):
+    # (hi - lo) / 255 rounds to 0 in float32: the formula goes on with a zero scale.
+    _check_dynamic(np.array(values, np.float32), 0.0, zero_point)
 
 
 def test_dynamic_negative_only():

@@ -3,7 +3,10 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+import qemu_q
 
 from qemu_q._opspec import (
     NEWEST_OPSET,
@@ -390,3 +393,63 @@ def test_the_oracle_transcribes_the_cast_docs(defs):
                         continue  # no such row: the oracle's reading is in docs/semantics.md
                     got = fo.cast_row(name, row, saturate, version)
                     assert got == rows[saturate][text][column], (version, saturate, row, name)
+
+
+# --- the table's rules are data the code reads -------------------------------------------------
+
+
+def _attribute_reads_outside_opspec() -> set[str]:
+    """Every `.name` attribute access in the qemu_q package's Python sources outside
+    _opspec.py (which defines the table and may mention its fields freely), plus the
+    `self.name` reads of the table classes' own methods (allowed_types reads
+    type_constraints for every caller)."""
+    import ast
+
+    package = pathlib.Path(qemu_q.__file__).resolve().parent
+    names = set()
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        if path.name == "_opspec.py":
+            for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+                for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                    if method.name in ("__hash__", "describe"):
+                        continue  # identity and printing apply no rule
+                    names.update(n.attr for n in ast.walk(method) if isinstance(n, ast.Attribute)
+                                 and isinstance(n.value, ast.Name) and n.value.id == "self")
+            continue
+        names.update(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute))
+    return names
+
+
+@pytest.mark.parametrize("table_class", ["OpSpec", "CastFloat8Table"])
+def test_every_table_field_is_read(table_class):
+    # A field nothing reads is a rule stated as data that no code applies.
+    import dataclasses
+
+    from qemu_q import _opspec
+
+    fields = {f.name for f in dataclasses.fields(getattr(_opspec, table_class))}
+    unread = sorted(fields - _attribute_reads_outside_opspec())
+    assert not unread, f"{table_class} fields no module outside _opspec.py reads: {unread}"
+
+
+def test_python_enums_are_the_kernels():
+    # qemu_q/_dtypes.py takes the kernels' enumerations from the compiled code: every one
+    # it names must be the exported value, and every format id must decode as ml_dtypes does.
+    from qemu_q import _dequantize, _dtypes
+    from qemu_q._parallel import ENUMS
+
+    for name, value in ENUMS.items():
+        if hasattr(_dtypes, name):
+            assert getattr(_dtypes, name) == value, name
+    for etype in qemu_q.ELEMENT_TYPES.values():
+        if etype.kind != "small_float":
+            continue
+        table = _dequantize.decode_table(etype.small_float_id)
+        codes = np.arange(1 << etype.bits, dtype=np.uint8)
+        # ml_dtypes keeps a sub-byte value in the low bits of its byte.
+        expected = codes.view(etype.dtype).astype(np.float32)
+        got = table[: 1 << etype.bits]
+        finite = ~np.isnan(expected)
+        assert np.array_equal(got[finite].view(np.uint32), expected[finite].view(np.uint32)), etype.name
+        assert np.array_equal(np.isnan(got), np.isnan(expected)), etype.name

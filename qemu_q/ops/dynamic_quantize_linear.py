@@ -37,10 +37,14 @@ def dynamic_quantize_linear(x, *, opset=None):
         # A nonzero range whose scale underflows to 0 follows the formula.
         scale = f32(1.0) if span == 0.0 else span / f32(255.0)
         intermediate = f32(0.0) - low / scale
-    # Saturate, then round half to even. The intermediate is NaN only when min x is -inf
-    # (0 - (-inf) / inf): the zero point of a range whose minimum goes to -inf tends to
-    # 255, and both onnx.reference and onnxruntime give 255 too.
-    zp_value = 255.0 if math.isnan(intermediate) else min(max(float(intermediate), 0.0), 255.0)
+    # Saturate, then round half to even. The intermediate is NaN in two cases, each given
+    # its limit: min x = -inf (0 - (-inf) / inf), where the zero point tends to 255 (both
+    # onnx.reference and onnxruntime give 255 too); and lo = 0 with a scale that
+    # underflows to 0 (0 - 0 / 0), where it is 0 for every positive scale.
+    if math.isnan(intermediate):
+        zp_value = 255.0 if math.isinf(low) else 0.0
+    else:
+        zp_value = min(max(float(intermediate), 0.0), 255.0)
     y_zero_point = np.array(round(zp_value), dtype=np.uint8)
     y_scale = np.array(scale, dtype=np.float32)
     y = quantize_linear(x, y_scale, y_zero_point, opset=13)
