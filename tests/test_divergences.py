@@ -22,7 +22,6 @@ import ctypes
 import math
 import pathlib
 import re
-import sys
 import warnings
 from fractions import Fraction
 
@@ -30,7 +29,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import float_oracle as fo  # noqa: E402
 
 import qemu_q  # noqa: E402

@@ -11,7 +11,6 @@ or from the same call in the default environment, computed before the environmen
 import ctypes.util
 import os
 import pathlib
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -19,7 +18,6 @@ import pytest
 
 import qemu_q
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fpenv  # noqa: E402
 from isolation import last_json_line, run_python  # noqa: E402
 

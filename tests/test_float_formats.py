@@ -6,14 +6,11 @@ Every comparison is on bit patterns (``.view`` as unsigned integers), never appr
 """
 
 import math
-import pathlib
-import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import float_oracle as fo  # noqa: E402
 
 import qemu_q  # noqa: E402

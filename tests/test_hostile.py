@@ -11,8 +11,6 @@ run in child processes (tests/isolation.py).
 
 import fractions
 import hashlib
-import pathlib
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -21,7 +19,6 @@ import pytest
 import qemu_q
 from qemu_q import cli
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from isolation import last_json_line, run_python  # noqa: E402
 
 F32 = np.float32

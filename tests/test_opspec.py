@@ -377,7 +377,6 @@ def test_cast_float8_tables_match_the_cast_docs(defs):
 def test_the_oracle_transcribes_the_cast_docs(defs):
     # tests/float_oracle.py's CAST_ROWS are the tests' reading of the tables: every row
     # they name, as the doc of every version writes it.
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import float_oracle as fo
 
     names = {"float8_e4m3fn": "E4M3FN", "float8_e4m3fnuz": "E4M3FNUZ",

@@ -2,15 +2,12 @@
 rounded once to the precision P, then rounded to an integer. Expected values are computed
 here with exact rational arithmetic."""
 
-import pathlib
-import sys
 from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import float_oracle as fo  # noqa: E402
 
 import qemu_q  # noqa: E402

@@ -6,7 +6,6 @@ arguments."""
 import json
 import os
 import pathlib
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -18,7 +17,6 @@ from qemu_q.golden import writers
 from qemu_q.golden.verify import compare
 
 pytest.importorskip("onnx", reason="the suite's ONNX folders need onnx (test extra)")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 # how the golden tests run each case in the two runtimes (IOBinding for int4 / float8 in
 # onnxruntime) and what each cannot run
 from test_golden import (ONNXRUNTIME_CANNOT, REFERENCE_CANNOT, _cannot,  # noqa: E402
