@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import qemu_q
+from support import assert_same_bits
 
 onnx = pytest.importorskip("onnx", reason="the peer implementations need onnx (test extra)")
 hypothesis = pytest.importorskip("hypothesis", reason="property tests need hypothesis (test extra)")
@@ -47,22 +48,6 @@ FLOATS = {  # name: (dtype, ONNX data type, significand bits, smallest normal ex
     "float16": (np.dtype(np.float16), TensorProto.FLOAT16, 11, -14, 15),
     "bfloat16": (np.dtype(ml_dtypes.bfloat16), TensorProto.BFLOAT16, 8, -126, 127),
 }
-
-
-def bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
-
-
-def assert_same_bits(got, expected, context):
-    assert got.dtype == expected.dtype, (context, got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (context, got.shape, expected.shape)
-    g, e = bits(got).ravel(), bits(expected).ravel()
-    bad = np.flatnonzero(g != e)
-    if bad.size:
-        i = bad[:6]
-        raise AssertionError(f"{context}: {bad.size}/{g.size} differ at {i.tolist()}: "
-                             f"got {g[i].tolist()} expected {e[i].tolist()}")
 
 
 def elem_type(array):

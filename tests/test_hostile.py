@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import qemu_q
+from support import same_bits
 from qemu_q import cli
 
 from isolation import last_json_line, run_python  # noqa: E402
@@ -56,11 +57,6 @@ def rejected(call, *inputs, error=(TypeError, ValueError), names=()):
         assert fragment in message, f"{fragment!r} not in the message: {message}"
     assert _digest(inputs) == before, "the call modified an input"
     return message
-
-
-def same_bits(a, b) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 # =======================================================================================

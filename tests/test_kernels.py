@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import qemu_q
+from support import assert_same_bits, bits
 
 
 def onnx_helpers():
@@ -57,25 +58,6 @@ FLOAT_DTYPES = {"float": np.dtype(np.float32), "float16": np.dtype(np.float16),
 
 
 # --- the naive reference ------------------------------------------------------------------------
-
-def bits(a):
-    """The array's bit patterns as unsigned integers of its item size."""
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
-
-
-def assert_same_bits(got, expected, what=""):
-    assert got.dtype == expected.dtype, (what, got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (what, got.shape, expected.shape)
-    g, e = bits(got).ravel(), bits(expected).ravel()
-    bad = np.flatnonzero(g != e)
-    if bad.size:
-        i = bad[:8]
-        raise AssertionError(
-            f"{what}: {bad.size} of {g.size} differ; at {i.tolist()} got {g[i].tolist()} "
-            f"expected {e[i].tolist()}"
-        )
-
 
 def round_f64(v, fmt):
     """float64 values rounded to nearest-even on the grid of `fmt` (float64 results, exact).

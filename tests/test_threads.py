@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import qemu_q
+from support import assert_same_bits
 from qemu_q import _dispatch, _kernels
 
 THREADS = [1, 2, 8]
@@ -58,21 +59,6 @@ LAYOUTS = [
     ("blocked_inner", (67, 3, 600), 0, 16),
     ("blocked_last_big", (2, 70001), 1, 4096),
 ]
-
-
-def bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
-
-
-def assert_same_bits(got, expected, what):
-    assert got.dtype == expected.dtype and got.shape == expected.shape, (what, got.dtype, got.shape)
-    g, e = bits(got).ravel(), bits(expected).ravel()
-    bad = np.flatnonzero(g != e)
-    if bad.size:
-        i = bad[:6]
-        raise AssertionError(f"{what}: {bad.size} of {g.size} differ; at {i.tolist()} got "
-                             f"{g[i].tolist()} expected {e[i].tolist()}")
 
 
 @pytest.fixture
