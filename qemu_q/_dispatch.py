@@ -44,6 +44,16 @@ def entry_module(path: Path):
     return _packing if family is None else getattr(_kernels.active, family)
 
 
+def configured(configs: dict, path: Path, config_class: str, fields: tuple):
+    """The kernel configuration of a plan for the loaded level of `path`'s kernel module:
+    `config_class(**fields)`, built once per plan and level and kept in `configs`."""
+    module = entry_module(path)
+    config = configs.get(module)
+    if config is None:
+        config = configs[module] = getattr(module, config_class)(**dict(fields))
+    return config
+
+
 def entry(path: Path):
     return getattr(entry_module(path), KERNEL_ENTRIES[path][1])
 

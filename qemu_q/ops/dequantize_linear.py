@@ -48,11 +48,7 @@ class DequantizePlan:
 
     def kernel_config(self):
         """The DequantizeConfig of the loaded kernel level, built once per plan and level."""
-        module = _dispatch.entry_module(Path.DEQUANTIZE)
-        config = self.configs.get(module)
-        if config is None:
-            config = self.configs[module] = module.DequantizeConfig(**dict(self.kernel_fields))
-        return config
+        return _dispatch.configured(self.configs, Path.DEQUANTIZE, "DequantizeConfig", self.kernel_fields)
 
 
 @lru_cache(maxsize=512)

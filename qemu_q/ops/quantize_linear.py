@@ -51,11 +51,7 @@ class QuantizePlan:
 
     def kernel_config(self):
         """The QuantizeConfig of the loaded kernel level, built once per plan and level."""
-        module = _dispatch.entry_module(Path.QUANTIZE)
-        config = self.configs.get(module)
-        if config is None:
-            config = self.configs[module] = module.QuantizeConfig(**dict(self.kernel_fields))
-        return config
+        return _dispatch.configured(self.configs, Path.QUANTIZE, "QuantizeConfig", self.kernel_fields)
 
 
 @lru_cache(maxsize=512)
