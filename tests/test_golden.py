@@ -335,8 +335,10 @@ def sample_runs(tmp_path_factory, package_home):
     runs = []
     for hash_seed in ("1", "2"):
         out = tmp_path_factory.mktemp("golden") / "golden"
+        # Run beside the package under test: `python -m` puts the working directory
+        # first on sys.path, and a source checkout there holds an unbuilt qemu_q.
         done = subprocess.run([sys.executable, "-m", "qemu_q", "golden", "--out", str(out),
-                               *SAMPLE], capture_output=True, text=True,
+                               *SAMPLE], capture_output=True, text=True, cwd=str(package_home),
                               env=_environment(package_home, PYTHONHASHSEED=hash_seed))
         assert done.returncode == 0, done.stderr
         runs.append(out)
