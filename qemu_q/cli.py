@@ -86,7 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     "byte-identical files.",
         epilog="Example: qemu-q golden --out golden --op dq --opset 21 --type int4,uint4",
     )
-    g.add_argument("--out", "-o", required=True, metavar="DIR", help="output directory")
+    g.add_argument("--out", "-o", metavar="DIR", help="output directory (not needed with --list)")
     g.add_argument("--op", action=_CsvAppend, metavar="OP",
                    help=f"ops to include: {_op_names()}; repeat or comma-separate")
     g.add_argument("--opset", action=_CsvAppend, metavar="N",
@@ -317,11 +317,14 @@ def cmd_golden(args) -> int:
     if not configs:
         raise UsageError(f"{PROG} golden: the options select no case")
     if args.list:
+        # A reader that stops early (`| head`) ends the listing, not with a traceback.
         for config in configs:
             divergences = golden.divergences_of(config)
             note = f"  [divergence: {divergences[0][0]}]" if divergences else ""
             print(f"{config.name}{note}")
         return 0
+    if not args.out:
+        raise UsageError(f"{PROG} golden: --out DIR is required (except with --list)")
     formats = _formats(args)
     _prepare_out(args.out, args.force)
     header = {
@@ -404,7 +407,10 @@ def _typed(array: np.ndarray, type_name: str | None, role: str) -> np.ndarray:
                 f"{role}: arrays of dtype {array.dtype} are no ONNX type; say which type the "
                 f"array holds with --{role.replace('_', '-')}-type") from None
         return array
-    etype = element_type(type_name, f"--{role.replace('_', '-')}-type")
+    try:
+        etype = element_type(type_name, f"--{role.replace('_', '-')}-type")
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{PROG}: {error}") from None
     return from_storage(array, etype.name)
 
 
@@ -418,8 +424,11 @@ def _attribute_args(args, op: str) -> dict:
         attributes["block_size"] = args.block_size
     if args.output_dtype is not None:
         text = args.output_dtype
-        attributes["output_dtype"] = element_type(int(text) if text.isdigit() else text,
-                                                  "--output-dtype").onnx_id
+        try:
+            attributes["output_dtype"] = element_type(int(text) if text.isdigit() else text,
+                                                      "--output-dtype").onnx_id
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"{PROG}: {error}") from None
     if op == "QuantizeLinear":
         if args.saturate is not None:
             attributes["saturate"] = args.saturate
@@ -476,6 +485,10 @@ def cmd_apply(args, op: str) -> int:
     inputs = [None if v is None else _typed(v, t, r) for v, t, r in zip(values, types, roles)]
     attributes.update(_attribute_args(args, op))
     opset = NEWEST_OPSET if opset is None else opset
+    try:
+        get_spec(op, opset)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{PROG} {command}: --opset: {error}") from None
     while inputs and inputs[-1] is None:
         inputs.pop()
     (y,) = run_op(op, inputs, attributes, opset)
@@ -484,16 +497,22 @@ def cmd_apply(args, op: str) -> int:
     etype = array_element_type(y, "y")
     stored = to_storage(y)
     if args.out:
+        if not args.out.endswith(".npy"):
+            raise UsageError(f"{PROG} {command}: -o {args.out}: only .npy files are written; "
+                             f"name the file FILE.npy")
         buffer = io.BytesIO()
         np.save(buffer, stored, allow_pickle=False)
-        # np.save's own naming: ".npy" is appended unless present.
-        _write_file(args.out if args.out.endswith(".npy") else args.out + ".npy", buffer.getvalue())
+        _write_file(args.out, buffer.getvalue())
         how = "" if stored.dtype == y.dtype else f", stored as {stored.dtype}"
         print(f"y: {etype.name} {list(y.shape)}{how} -> {args.out}")
     else:
         print(f"y: {etype.name} {list(y.shape)}")
         with np.printoptions(threshold=1000):
             print(y)
+            if stored.dtype != y.dtype:
+                # float8 NaN 0x7F and 0xFF print alike: the codes tell them apart.
+                print(f"codes ({etype.name}, hex):")
+                print(np.vectorize(lambda code: f"0x{int(code):02X}")(stored))
     return 0
 
 
@@ -582,6 +601,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader closed the pipe (`qemu-q golden --list | head`): what it wanted was
+        # written. Point stdout at /dev/null so that the interpreter's final flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except Exception as error:  # one line, no traceback: the message names the problem
         if os.environ.get("QEMU_Q_TRACEBACK"):
             raise

@@ -228,12 +228,15 @@ def test_npz_members_and_golden_cases(capsys, arrays, tmp_path):
     (["quantize", "{x}", "{s0}", "--precision", "fp8"], 2, ["--precision"]),
     (["quantize", "{x}", "{s0}", "--saturate", "2"], 2, ["--saturate"]),
     (["quantize", "{x}", "{s0}", "--axis", "one"], 2, ["--axis"]),
-    (["quantize", "{x}", "{s0}", "--output-dtype", "int3"], 1, ["int3"]),
+    (["quantize", "{x}", "{s0}", "--output-dtype", "int3"], 2, ["int3"]),
+    (["quantize", "{x}", "{s0}", "--opset", "99"], 2, ["--opset", "99"]),
+    (["quantize", "{x}", "{s0}", "-o", "{tmp}/y.hex"], 2, ["only .npy", "y.hex"]),
+    (["quantize", "{x}", "{s0}", "-o", "{tmp}/outdir"], 2, ["only .npy", "outdir"]),
     (["quantize", "{npz}", "{s0}"], 1, ["holds 2 arrays"]),
     (["quantize", "{npz}:y", "{s0}"], 1, ["no array 'y'"]),
     (["quantize", "{x}", "{s0}", "--npz", "{npz}"], 2, ["not both"]),
     (["quantize", "--npz", "{tmp}/none.npz"], 1, ["no such file"]),
-    (["dequantize", "{codes}", "{s0}", "--x-type", "int3"], 1, ["int3"]),
+    (["dequantize", "{codes}", "{s0}", "--x-type", "int3"], 2, ["int3"]),
     (["dequantize", "{void}", "{s0}"], 1, ["--x-type"]),
     (["dequantize", "{codes}", "{s0}", "--x-type", "int2"], 1, ["int2"]),
 ])
@@ -267,3 +270,35 @@ def test_spec(capsys):
 def test_spec_errors(capsys, argv, fragments):
     code, _out, err = run(capsys, *argv)
     assert_one_line_error(err, code, 2, *fragments)
+
+
+def test_golden_list_needs_no_out(capsys):
+    code, out, _ = run(capsys, "golden", "--list", "--op", "dynamic")
+    listed = [line.split()[0] for line in out.splitlines()]  # name, then any divergence note
+    assert code == 0 and listed and all(n.startswith("test_dynamicquantizelinear_") for n in listed)
+
+
+def test_golden_without_out_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "golden", "--op", "dynamic")
+    assert code == 2 and "--out" in err
+
+
+def test_golden_list_into_a_closed_pipe(package_home):
+    # `qemu-q golden --list | head -1`: the reader leaves early; no traceback, no error.
+    with subprocess.Popen(["head", "-1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as reader:
+        writer = subprocess.run([sys.executable, "-m", "qemu_q", "golden", "--list"],
+                                cwd=str(package_home), stdout=reader.stdin, stderr=subprocess.PIPE,
+                                text=True, timeout=120)
+        reader.stdin.close()
+        first = reader.stdout.read().decode()
+    assert first.startswith("test_"), first
+    assert writer.returncode == 0 and writer.stderr == "", writer.stderr
+
+
+def test_printed_small_floats_show_their_codes(capsys, tmp_path):
+    # NaN 0x7F and 0xFF print alike as values; the hex codes tell them apart.
+    np.save(tmp_path / "x.npy", np.array([1.5, np.nan, -np.nan, 1e9], np.float32))
+    np.save(tmp_path / "s.npy", np.float32(1))
+    code, out, _ = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
+                       "--output-dtype", "float8e4m3fn", "--saturate", "0")
+    assert code == 0 and "['0x3C' '0x7F' '0xFF' '0x7F']" in out, out
