@@ -135,6 +135,9 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--scale-type", metavar="TYPE", help="ONNX type of the scale's array")
         p.add_argument("--zero-point-type", metavar="TYPE",
                        help="ONNX type of the zero point's array")
+        p.add_argument("--cast", metavar="ROLE=TYPE", action="append", default=[],
+                       help="convert a float64 input (x, scale or zero_point) to float or "
+                            "float16 first, rounding to nearest even: e.g. --cast x=float")
         p.add_argument("--opset", type=_int, help=f"opset (default {NEWEST_OPSET})")
         p.add_argument("--axis", type=_int, help="axis attribute (default 1)")
         p.add_argument("--block-size", type=_int, help="block_size attribute (default 0)")
@@ -399,19 +402,49 @@ def _typed(array: np.ndarray, type_name: str | None, role: str) -> np.ndarray:
     from ._dtypes import element_type
     from .golden.writers import from_storage
 
+    option = f"--{role.replace('_', '-')}-type"
     if type_name is None:
         try:
             element_type(array.dtype)
         except (TypeError, ValueError):
-            raise RuntimeError(
-                f"{role}: arrays of dtype {array.dtype} are no ONNX type; say which type the "
-                f"array holds with --{role.replace('_', '-')}-type") from None
+            raise UsageError(
+                f"{PROG}: {role}: arrays of dtype {array.dtype} are no ONNX type; say which type "
+                f"the array holds with {option}, or convert the file (e.g. float64 values with "
+                f"--cast {option.lstrip('-').replace('-type', '')}=float, rounding to nearest even)") from None
         return array
     try:
-        etype = element_type(type_name, f"--{role.replace('_', '-')}-type")
+        etype = element_type(type_name, option)
     except (TypeError, ValueError) as error:
         raise UsageError(f"{PROG}: {error}") from None
+    if array.dtype == np.float64 and etype.kind == "value":
+        raise UsageError(f"{PROG}: {role}: the file holds float64 values, not {etype.name}; "
+                         f"convert them with --cast {role}={etype.name if etype.name != 'bfloat16' else 'float'} "
+                         f"(rounding to nearest even)")
     return from_storage(array, etype.name)
+
+
+# The types --cast converts to: numpy rounds float64 to these directly, to nearest even.
+_CAST_TYPES = {"float": np.float32, "float32": np.float32, "float16": np.float16}
+
+
+def _apply_casts(values, roles, casts, command):
+    """The inputs with --cast ROLE=TYPE applied: float64 arrays rounded once (nearest even)
+    to float32 or float16, which the ops take; the types ONNX has no float64 input for."""
+    values = list(values)
+    for text in casts:
+        role, _, type_name = text.partition("=")
+        role = role.strip().replace("-", "_")
+        if role not in roles or type_name.strip() not in _CAST_TYPES:
+            raise UsageError(f"{PROG} {command}: --cast {text!r}; expected ROLE=TYPE with ROLE "
+                             f"one of {', '.join(roles)} and TYPE one of float, float16")
+        index = roles.index(role)
+        if values[index] is None:
+            raise UsageError(f"{PROG} {command}: --cast {text!r}: no {role} given")
+        if values[index].dtype != np.float64:
+            raise UsageError(f"{PROG} {command}: --cast {text!r}: {role} is {values[index].dtype}, "
+                             f"not float64; --cast converts float64 only")
+        values[index] = values[index].astype(_CAST_TYPES[type_name.strip()])
+    return values
 
 
 def _attribute_args(args, op: str) -> dict:
@@ -480,8 +513,17 @@ def cmd_apply(args, op: str) -> int:
             raise UsageError(f"{PROG} {command}: needs X and SCALE (files), or --npz FILE")
         values = [_load_array(args.x, "x"), _load_array(args.scale, "scale")]
         values.append(_load_array(args.zero_point, "zero_point") if args.zero_point else None)
+        if op == "DequantizeLinear" and values[0].dtype == np.uint8 and args.x_type is None:
+            # uint8 is both a type and the storage of every 8-bit-or-narrower type (what
+            # `quantize -o` writes for float8, int4, ...): reading it as uint8 codes
+            # unasked would decode float8 codes as integers.
+            raise UsageError(
+                f"{PROG} {command}: x holds uint8 data, which is uint8 codes or the stored "
+                f"codes of another type (float8, int4, ...); say which with --x-type, e.g. "
+                f"--x-type uint8 or --x-type float8e4m3fn")
     types = [args.x_type, args.scale_type, args.zero_point_type]
     roles = ["x", "scale", "zero_point"]
+    values = _apply_casts(values, roles, args.cast, command)
     inputs = [None if v is None else _typed(v, t, r) for v, t, r in zip(values, types, roles)]
     attributes.update(_attribute_args(args, op))
     opset = NEWEST_OPSET if opset is None else opset

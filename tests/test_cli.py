@@ -237,7 +237,7 @@ def test_npz_members_and_golden_cases(capsys, arrays, tmp_path):
     (["quantize", "{x}", "{s0}", "--npz", "{npz}"], 2, ["not both"]),
     (["quantize", "--npz", "{tmp}/none.npz"], 1, ["no such file"]),
     (["dequantize", "{codes}", "{s0}", "--x-type", "int3"], 2, ["int3"]),
-    (["dequantize", "{void}", "{s0}"], 1, ["--x-type"]),
+    (["dequantize", "{void}", "{s0}"], 2, ["--x-type"]),
     (["dequantize", "{codes}", "{s0}", "--x-type", "int2"], 1, ["int2"]),
 ])
 def test_apply_errors(capsys, arrays, tmp_path, argv, code, fragments):
@@ -302,3 +302,43 @@ def test_printed_small_floats_show_their_codes(capsys, tmp_path):
     code, out, _ = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
                        "--output-dtype", "float8e4m3fn", "--saturate", "0")
     assert code == 0 and "['0x3C' '0x7F' '0xFF' '0x7F']" in out, out
+
+
+def test_untyped_uint8_codes_need_x_type(capsys, tmp_path):
+    # quantize -o stores float8 codes as uint8; reading them back as uint8 codes unasked
+    # was the trap: dequantize now asks which type they are.
+    np.save(tmp_path / "x.npy", np.array([1.5, -2.5, 0.3], np.float32))
+    np.save(tmp_path / "s.npy", np.float32(1))
+    code, _, _ = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
+                     "--output-dtype", "float8e4m3fn", "-o", str(tmp_path / "y.npy"))
+    assert code == 0
+    code, _, err = run(capsys, "dequantize", str(tmp_path / "y.npy"), str(tmp_path / "s.npy"))
+    assert_one_line_error(err, code, 2, "uint8", "--x-type")
+    code, out, _ = run(capsys, "dequantize", str(tmp_path / "y.npy"), str(tmp_path / "s.npy"),
+                       "--x-type", "float8e4m3fn", "-o", str(tmp_path / "back.npy"))
+    assert code == 0
+    # 1.5, -2.5 are float8e4m3fn values; 0.3 rounds to 0.3125 (5 * 2**-4).
+    assert np.load(tmp_path / "back.npy").tolist() == [1.5, -2.5, 0.3125]
+
+
+def test_float64_input_cast_to_float32(capsys, tmp_path):
+    np.save(tmp_path / "x.npy", np.array([0.5, 1.5, 2.5, 1 + 2**-30], np.float64))
+    np.save(tmp_path / "s.npy", np.float32(1))
+    code, _, err = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"))
+    assert_one_line_error(err, code, 2, "float64", "--cast x=float")
+    code, _, err = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
+                       "--x-type", "float")
+    assert_one_line_error(err, code, 2, "float64", "--cast x=float")
+    code, _, _ = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
+                     "--cast", "x=float", "-o", str(tmp_path / "y.npy"))
+    # 1 + 2**-30 rounds to 1.0f; the .5 values are ties to even.
+    assert code == 0 and np.load(tmp_path / "y.npy").tolist() == [0, 2, 2, 1]
+
+
+@pytest.mark.parametrize("cast", ["y=float", "x=int8", "x", "scale=float"])
+def test_cast_rejects(capsys, tmp_path, cast):
+    np.save(tmp_path / "x.npy", np.array([0.5], np.float64))
+    np.save(tmp_path / "s.npy", np.float32(1))
+    code, _, err = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
+                       "--cast", cast)
+    assert_one_line_error(err, code, 2, "--cast")
