@@ -481,8 +481,8 @@ def _typed(array: np.ndarray, typed: bool, type_name: str | None, role: str, arg
                      if storage_dtype(t) == array.dtype]
         if command == "dequantize" and role == "x" and len(stored_as) > 1:
             raise UsageError(
-                f"{PROG} {command}: x is untyped {array.dtype} data (a .npy); name its "
-                f"type with --x-type ({', '.join(stored_as)}), or pass a typed file "
+                f"{PROG} {command}: x is untyped {array.dtype} data (a .npy or plain .npz "
+                f"member); name its type with --x-type ({', '.join(stored_as)}), or pass a typed file "
                 f"(.npz, .pb or .hex as qemu-q quantize -o writes them)")
         try:
             array_element_type(array, role)
