@@ -1,12 +1,16 @@
 """The `qemu-q` command line: golden vectors, quantize / dequantize on files, op specs.
 
     qemu-q golden --out DIR           the conformance suite (docs/golden.md)
-    qemu-q quantize X SCALE [ZP]      QuantizeLinear on .npy / .npz arrays
-    qemu-q dequantize X SCALE [ZP]    DequantizeLinear on .npy / .npz arrays
+    qemu-q quantize X SCALE [ZP]      QuantizeLinear on .npy / .npz / .pb / .hex files
+    qemu-q dequantize X SCALE [ZP]    DequantizeLinear on .npy / .npz / .pb / .hex files
     qemu-q spec OP [--opset N]        the op-spec entry a model at that opset runs
     qemu-q verify GOLDEN_DIR ACTUAL   compare outputs with a golden suite, bit for bit
 
-Errors are one line on stderr; the exit code is 2 for a usage error and 1 for a failure.
+Errors are one line on stderr; the exit code is 2 for a usage error (an unknown option,
+op, type or opset, an option combination that cannot work, an input whose type must be
+named) and 1 for a failure (a missing or unreadable file, an attribute the version lacks,
+values the op rejects). When stdout is closed early (`qemu-q golden --list | head`) the
+command stops quietly with 141, the shell's code for SIGPIPE.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     "byte-identical files.",
         epilog="Example: qemu-q golden --out golden --op dq --opset 21 --type int4,uint4",
     )
-    g.add_argument("--out", "-o", metavar="DIR", help="output directory (not needed with --list)")
+    g.add_argument("--out", "-o", metavar="DIR", help="output directory (not with --list)")
     g.add_argument("--op", action=_CsvAppend, metavar="OP",
                    help=f"ops to include: {_op_names()}; repeat or comma-separate")
     g.add_argument("--opset", action=_CsvAppend, metavar="N",
@@ -99,6 +103,13 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="per_tensor, per_axis, blocked")
     g.add_argument("--family", action=_CsvAppend, metavar="F",
                    help="input families, e.g. grid,codes,random (docs/golden.md)")
+    g.add_argument("--variant", action=_CsvAppend, metavar="V",
+                   help="variants, glob patterns allowed, e.g. base,per_axis,'x_*' "
+                        "(docs/golden.md)")
+    g.add_argument("--block-size", action=_CsvAppend, metavar="N",
+                   help="block sizes of the blocked cases, one case per size (variant "
+                        "blocked_b<N>); default: one case whose block size leaves a "
+                        "partial last block (3)")
     g.add_argument("--seed", type=_int, default=0, help="seed of the random tensors (default 0)")
     g.add_argument("--size", type=_int, default=64, metavar="N",
                    help="element count of the random tensors (default 64)")
@@ -117,12 +128,14 @@ def _build_parser() -> argparse.ArgumentParser:
         op = "QuantizeLinear" if name == "quantize" else "DequantizeLinear"
         p = commands.add_parser(
             name, help=f"apply {op} to arrays in .npy / .npz files",
-            description=f"Apply {op} to arrays read from .npy files or .npz members "
-                        f"(FILE.npz:KEY), or from a golden case .npz (--npz). Types numpy "
-                        f"lacks (int4, float8...) are read and written in storage form: "
-                        f"sub-byte integers as int8/uint8 values, bfloat16 and the small "
-                        f"floats as their bit patterns; --x-type etc. say how to read them.",
-            epilog=f"Example: qemu-q {name} x.npy scale.npy zp.npy --axis 0 -o y.npy",
+            description=f"Apply {op} to arrays read from .npy files, .npz members "
+                        f"(FILE.npz:KEY), ONNX TensorProto .pb files or qemu-q .hex files, "
+                        f"or from a golden case .npz (--npz). .pb, .hex and the .npz files "
+                        f"qemu-q writes carry the ONNX type; .npy files do not: types numpy "
+                        f"lacks (int4, float8...) are there in storage form (sub-byte "
+                        f"integers as int8/uint8 values, bfloat16 and the small floats as "
+                        f"their bit patterns) and --x-type etc. must name them.",
+            epilog=f"Example: qemu-q {name} x.npy scale.npy zp.npy --axis 0 -o y.npz",
         )
         p.add_argument("x", nargs="?", metavar="X", help="x: FILE.npy or FILE.npz:KEY")
         p.add_argument("scale", nargs="?", metavar="SCALE", help=f"{scale}")
@@ -134,10 +147,12 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--x-type", metavar="TYPE", help="ONNX type of x's stored array")
         p.add_argument("--scale-type", metavar="TYPE", help="ONNX type of the scale's array")
         p.add_argument("--zero-point-type", metavar="TYPE",
-                       help="ONNX type of the zero point's array")
-        p.add_argument("--cast", metavar="ROLE=TYPE", action="append", default=[],
-                       help="convert a float64 input (x, scale or zero_point) to float or "
-                            "float16 first, rounding to nearest even: e.g. --cast x=float")
+                       help="ONNX type of the zero point's array (default for dequantize: "
+                            "x's type when the stored dtypes match)")
+        p.add_argument("--cast", action="store_true",
+                       help="convert float arrays of untyped files (.npy, e.g. float64) to "
+                            "the float type --x-type / --scale-type names, rounding to "
+                            "nearest even")
         p.add_argument("--opset", type=_int, help=f"opset (default {NEWEST_OPSET})")
         p.add_argument("--axis", type=_int, help="axis attribute (default 1)")
         p.add_argument("--block-size", type=_int, help="block_size attribute (default 0)")
@@ -149,7 +164,10 @@ def _build_parser() -> argparse.ArgumentParser:
             p.add_argument("--precision", metavar="TYPE",
                            help=f"precision attribute: {_precision_names()}")
         p.add_argument("--out", "-o", metavar="FILE",
-                       help="write y here (.npy, storage form); without it, print y")
+                       help="write y to FILE.npz (y in storage form and its ONNX type), "
+                            "FILE.pb (ONNX TensorProto), FILE.hex ($readmemh, 32-bit words) "
+                            "or FILE.npy (only for types numpy has); without it, print y "
+                            "(codes in hex beside the values of types numpy lacks)")
 
     s = commands.add_parser(
         "spec", help="print the op-spec entry of an op",
@@ -217,13 +235,17 @@ class _Progress:
 def _selection(args):
     from .golden import Selection
 
-    opsets = None
-    if args.opset:
+    def integers(values, option):
+        if not values:
+            return None
         try:
-            opsets = tuple(int(v, 0) for v in args.opset)
+            return tuple(int(v, 0) for v in values)
         except ValueError:
-            raise UsageError(f"{PROG} golden: --opset takes integers, got "
-                             f"{','.join(args.opset)}") from None
+            raise UsageError(f"{PROG} golden: {option} takes integers, got "
+                             f"{','.join(values)}") from None
+
+    opsets = integers(args.opset, "--opset")
+    block_sizes = integers(args.block_size, "--block-size")
     try:
         return Selection(
             ops=tuple(args.op) if args.op else None,
@@ -231,6 +253,8 @@ def _selection(args):
             types=tuple(args.type) if args.type else None,
             granularities=tuple(args.granularity) if args.granularity else None,
             families=tuple(args.family) if args.family else None,
+            variants=tuple(args.variant) if args.variant else None,
+            block_sizes=block_sizes,
         )
     except (ValueError, TypeError) as error:
         raise UsageError(f"{PROG} golden: {error}") from None
@@ -313,6 +337,9 @@ def cmd_golden(args) -> int:
     from .golden import writers
 
     start = time.monotonic()
+    if not args.out and not args.list:
+        raise UsageError(f"{PROG} golden: the following arguments are required: --out "
+                         f"(or --list)")
     selection = _selection(args)
     if args.size < 1:
         raise UsageError(f"{PROG} golden: --size must be >= 1, got {args.size}")
@@ -339,6 +366,7 @@ def cmd_golden(args) -> int:
         "selection": {
             "op": args.op, "opset": args.opset, "type": args.type,
             "granularity": args.granularity, "family": args.family,
+            "variant": args.variant, "block_size": args.block_size,
         },
         "layout": {"onnx": f"{writers.NODE_DIR}/<name>/model.onnx, "
                            f"{writers.NODE_DIR}/<name>/test_data_set_0/{{input,output}}_N.pb",
@@ -374,94 +402,140 @@ def cmd_golden(args) -> int:
 # quantize / dequantize
 
 
-def _load_array(spec: str, role: str) -> np.ndarray:
+_OUTPUT_EXTENSIONS = (".npy", ".npz", ".pb", ".hex")
+
+
+def _load_array(spec: str, role: str) -> tuple[np.ndarray, bool]:
+    """(array, typed): typed when the file names the ONNX type (.pb, .hex, an .npz with
+    qemu-q's `meta`); a .npy or plain .npz member is untyped storage."""
+    from .golden import writers
+
     path, key = spec, None
     if ":" in spec and not os.path.exists(spec):
         path, _, key = spec.rpartition(":")
     if not os.path.exists(path):
         raise RuntimeError(f"{role}: no such file {path}")
     try:
+        if path.endswith(".pb"):
+            with open(path, "rb") as handle:
+                return writers.read_tensor_proto(handle.read()), True
+        if path.endswith(".hex"):
+            with open(path) as handle:
+                text = handle.read()
+            return writers.read_hex(text, *writers.hex_type_and_shape(text)), True
         if path.endswith(".npz") or key is not None:
             with np.load(path, allow_pickle=False) as archive:
-                if key is None:
-                    if len(archive.files) != 1:
-                        raise RuntimeError(
-                            f"{role}: {path} holds {len(archive.files)} arrays "
-                            f"({', '.join(archive.files)}); name one as {path}:KEY")
-                    key = archive.files[0]
-                if key not in archive.files:
-                    raise RuntimeError(f"{role}: {path} has no array {key!r}; it has "
-                                       f"{', '.join(archive.files)}")
-                return archive[key]
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as error:
+                typed = "meta" in archive.files
+                arrays = None if typed else {k: archive[k] for k in archive.files}
+            if typed:
+                arrays = writers.read_npz(path)[1]
+            if key is None:
+                if len(arrays) != 1:
+                    raise RuntimeError(
+                        f"{role}: {path} holds {len(arrays)} arrays "
+                        f"({', '.join(arrays)}); name one as {path}:KEY")
+                key = next(iter(arrays))
+            if key not in arrays:
+                raise RuntimeError(f"{role}: {path} has no array {key!r}; it has "
+                                   f"{', '.join(arrays)}")
+            return arrays[key], typed
+        return np.load(path, allow_pickle=False), False
+    except (ValueError, TypeError, OSError, KeyError) as error:
         raise RuntimeError(f"{role}: cannot read {spec}: {error}") from None
 
 
-def _typed(array: np.ndarray, type_name: str | None, role: str) -> np.ndarray:
+def _type_arg(text: str, option: str, command: str):
+    """An ElementType from a type option; an unknown name is a usage error."""
     from ._dtypes import element_type
-    from .golden.writers import from_storage
 
-    option = f"--{role.replace('_', '-')}-type"
-    if type_name is None:
-        try:
-            element_type(array.dtype)
-        except (TypeError, ValueError):
-            raise UsageError(
-                f"{PROG}: {role}: arrays of dtype {array.dtype} are no ONNX type; say which type "
-                f"the array holds with {option}, or convert the file (e.g. float64 values with "
-                f"--cast {option.lstrip('-').replace('-type', '')}=float, rounding to nearest even)") from None
-        return array
     try:
-        etype = element_type(type_name, option)
+        return element_type(int(text) if text.isdigit() else text, option)
     except (TypeError, ValueError) as error:
-        raise UsageError(f"{PROG}: {error}") from None
-    if array.dtype == np.float64 and etype.kind == "value":
-        raise UsageError(f"{PROG}: {role}: the file holds float64 values, not {etype.name}; "
-                         f"convert them with --cast {role}={etype.name if etype.name != 'bfloat16' else 'float'} "
-                         f"(rounding to nearest even)")
+        raise UsageError(f"{PROG} {command}: {error}") from None
+
+
+def _round_to_odd_float32(values: np.ndarray) -> np.ndarray:
+    """float64 to float32, rounding inexact results to the neighbour with an odd last bit:
+    a second rounding to any type of at most 22 significant bits (bfloat16, the small
+    floats) then gives the correctly rounded result, where float64 -> float32 -> type
+    with two round-to-nearest steps can round twice (ml_dtypes' own float64 casts do)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = values.astype(np.float32)
+        back = rounded.astype(np.float64)
+    inexact = np.isfinite(values) & (back != values)
+    toward_zero = np.where(inexact & (np.abs(back) > np.abs(values)),
+                           np.nextafter(rounded, np.float32(0)), rounded)
+    return (toward_zero.view(np.uint32) | inexact.astype(np.uint32)).view(np.float32)
+
+
+def cast_to(array: np.ndarray, etype) -> np.ndarray:
+    """A float array converted to the float type `etype`, rounded to nearest even once
+    (overflow gives inf, or NaN for types without inf, as ml_dtypes converts)."""
+    wide = array.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if etype.name in ("float", "float16"):
+            return wide.astype(etype.dtype)  # numpy rounds float64 to these correctly
+        return _round_to_odd_float32(wide).astype(etype.dtype)
+
+
+def _typed(array: np.ndarray, typed: bool, type_name: str | None, role: str, args,
+           default=None) -> np.ndarray:
+    """The input as its ONNX type: as the file says, or as the type option names."""
+    from ._dtypes import ELEMENT_TYPES, array_element_type
+    from .golden.writers import from_storage, storage_dtype
+
+    command = args.command
+    option = f"--{role.replace('_', '-')}-type"
+    etype = None if type_name is None else _type_arg(type_name, option, command)
+    if typed:
+        found = array_element_type(array, role)
+        if etype is not None and etype.name != found.name:
+            raise UsageError(f"{PROG} {command}: {option} {type_name}, but the {role} file "
+                             f"says {found.name} (typed files need no {option})")
+        return array
+    if etype is None and default is not None and array.dtype == storage_dtype(default):
+        etype = default
+    if etype is None:
+        if array.dtype.kind == "f" and array.dtype not in (np.float32, np.float16):
+            raise UsageError(
+                f"{PROG} {command}: {role} is {array.dtype}, which is no ONNX type of these "
+                f"ops; convert it with {option} float --cast (or float16, bfloat16...: "
+                f"rounds to nearest even)")
+        stored_as = [t.name for t in ELEMENT_TYPES.values()
+                     if storage_dtype(t) == array.dtype]
+        if command == "dequantize" and role == "x" and len(stored_as) > 1:
+            raise UsageError(
+                f"{PROG} {command}: x is untyped {array.dtype} data (a .npy or plain .npz "
+                f"member); name its type with --x-type ({', '.join(stored_as)}), or pass a typed file "
+                f"(.npz, .pb or .hex as qemu-q quantize -o writes them)")
+        try:
+            array_element_type(array, role)
+        except TypeError:
+            raise UsageError(f"{PROG} {command}: {role} has dtype {array.dtype}, which is "
+                             f"no ONNX type; name its type with {option}") from None
+        return array
+    if args.cast and array.dtype.kind == "f" and array.dtype != etype.dtype:
+        if etype.kind == "integer":
+            raise UsageError(f"{PROG} {command}: --cast converts to float types, not "
+                             f"{option} {etype.name}")
+        return cast_to(array, etype)
+    if array.dtype.kind == "f" and array.dtype != etype.dtype:
+        raise UsageError(
+            f"{PROG} {command}: {role} is {array.dtype}; {option} {etype.name} reads "
+            f"stored {etype.name} values or bit patterns; add --cast to convert "
+            f"{array.dtype} to {etype.name} (round to nearest even)")
     return from_storage(array, etype.name)
 
 
-# The types --cast converts to: numpy rounds float64 to these directly, to nearest even.
-_CAST_TYPES = {"float": np.float32, "float32": np.float32, "float16": np.float16}
-
-
-def _apply_casts(values, roles, casts, command):
-    """The inputs with --cast ROLE=TYPE applied: float64 arrays rounded once (nearest even)
-    to float32 or float16, which the ops take; the types ONNX has no float64 input for."""
-    values = list(values)
-    for text in casts:
-        role, _, type_name = text.partition("=")
-        role = role.strip().replace("-", "_")
-        if role not in roles or type_name.strip() not in _CAST_TYPES:
-            raise UsageError(f"{PROG} {command}: --cast {text!r}; expected ROLE=TYPE with ROLE "
-                             f"one of {', '.join(roles)} and TYPE one of float, float16")
-        index = roles.index(role)
-        if values[index] is None:
-            raise UsageError(f"{PROG} {command}: --cast {text!r}: no {role} given")
-        if values[index].dtype != np.float64:
-            raise UsageError(f"{PROG} {command}: --cast {text!r}: {role} is {values[index].dtype}, "
-                             f"not float64; --cast converts float64 only")
-        values[index] = values[index].astype(_CAST_TYPES[type_name.strip()])
-    return values
-
-
 def _attribute_args(args, op: str) -> dict:
-    from ._dtypes import element_type
-
     attributes = {}
     if args.axis is not None:
         attributes["axis"] = args.axis
     if args.block_size is not None:
         attributes["block_size"] = args.block_size
     if args.output_dtype is not None:
-        text = args.output_dtype
-        try:
-            attributes["output_dtype"] = element_type(int(text) if text.isdigit() else text,
-                                                      "--output-dtype").onnx_id
-        except (TypeError, ValueError) as error:
-            raise UsageError(f"{PROG}: {error}") from None
+        attributes["output_dtype"] = _type_arg(args.output_dtype, "--output-dtype",
+                                               args.command).onnx_id
     if op == "QuantizeLinear":
         if args.saturate is not None:
             attributes["saturate"] = args.saturate
@@ -489,11 +563,19 @@ def _precision_code(text: str) -> int:
 
 
 def cmd_apply(args, op: str) -> int:
+    from ._dtypes import array_element_type
     from ._opspec import NEWEST_OPSET, get_spec
     from ._registry import run_op
-    from .golden.writers import read_npz, to_storage
+    from .golden.writers import read_npz
 
     command = args.command
+    if args.opset is not None:
+        try:
+            get_spec(op, args.opset)
+        except ValueError as error:
+            raise UsageError(f"{PROG} {command}: {error}") from None
+    if args.out:
+        _check_output_path(args.out, command)
     spec_for_names = get_spec(op, None)
     names = [p.name for p in spec_for_names.inputs]  # x, *_scale, *_zero_point
     opset = args.opset
@@ -503,6 +585,7 @@ def cmd_apply(args, op: str) -> int:
             raise UsageError(f"{PROG} {command}: give the inputs as files or with --npz, "
                              f"not both")
         values, meta = _inputs_from_npz(args.npz, names, read_npz)
+        typed = [meta is not None] * 3
         if meta:
             if meta.get("op_type") != op:
                 raise RuntimeError(f"{args.npz} is a {meta.get('op_type')} case, not {op}")
@@ -511,51 +594,95 @@ def cmd_apply(args, op: str) -> int:
     else:
         if not args.x or not args.scale:
             raise UsageError(f"{PROG} {command}: needs X and SCALE (files), or --npz FILE")
-        values = [_load_array(args.x, "x"), _load_array(args.scale, "scale")]
-        values.append(_load_array(args.zero_point, "zero_point") if args.zero_point else None)
-        if op == "DequantizeLinear" and values[0].dtype == np.uint8 and args.x_type is None:
-            # uint8 is both a type and the storage of every 8-bit-or-narrower type (what
-            # `quantize -o` writes for float8, int4, ...): reading it as uint8 codes
-            # unasked would decode float8 codes as integers.
-            raise UsageError(
-                f"{PROG} {command}: x holds uint8 data, which is uint8 codes or the stored "
-                f"codes of another type (float8, int4, ...); say which with --x-type, e.g. "
-                f"--x-type uint8 or --x-type float8e4m3fn")
-    types = [args.x_type, args.scale_type, args.zero_point_type]
-    roles = ["x", "scale", "zero_point"]
-    values = _apply_casts(values, roles, args.cast, command)
-    inputs = [None if v is None else _typed(v, t, r) for v, t, r in zip(values, types, roles)]
+        files = [args.x, args.scale, args.zero_point]
+        loaded = [None if f is None else _load_array(f, r)
+                  for f, r in zip(files, ("x", "scale", "zero_point"))]
+        values = [None if item is None else item[0] for item in loaded]
+        typed = [item is not None and item[1] for item in loaded]
+    x, scale, zero_point = values
+    x = _typed(x, typed[0], args.x_type, "x", args)
+    scale = _typed(scale, typed[1], args.scale_type, "scale", args)
+    if zero_point is not None:
+        # DequantizeLinear's zero point has x's type: an untyped one stored as x is, is x's
+        zero_point = _typed(zero_point, typed[2], args.zero_point_type, "zero_point", args,
+                            default=_element_type_of(x) if op == "DequantizeLinear" else None)
     attributes.update(_attribute_args(args, op))
     opset = NEWEST_OPSET if opset is None else opset
-    try:
-        get_spec(op, opset)
-    except (TypeError, ValueError) as error:
-        raise UsageError(f"{PROG} {command}: --opset: {error}") from None
-    while inputs and inputs[-1] is None:
-        inputs.pop()
+    inputs = [x, scale] + ([] if zero_point is None else [zero_point])
     (y,) = run_op(op, inputs, attributes, opset)
-    from ._dtypes import array_element_type
-
     etype = array_element_type(y, "y")
-    stored = to_storage(y)
     if args.out:
-        if not args.out.endswith(".npy"):
-            raise UsageError(f"{PROG} {command}: -o {args.out}: only .npy files are written; "
-                             f"name the file FILE.npy")
-        buffer = io.BytesIO()
-        np.save(buffer, stored, allow_pickle=False)
-        _write_file(args.out, buffer.getvalue())
-        how = "" if stored.dtype == y.dtype else f", stored as {stored.dtype}"
-        print(f"y: {etype.name} {list(y.shape)}{how} -> {args.out}")
+        _write_output(y, args.out, command)
+        print(f"y: {etype.name} {list(y.shape)} -> {args.out}")
     else:
         print(f"y: {etype.name} {list(y.shape)}")
-        with np.printoptions(threshold=1000):
-            print(y)
-            if stored.dtype != y.dtype:
-                # float8 NaN 0x7F and 0xFF print alike: the codes tell them apart.
-                print(f"codes ({etype.name}, hex):")
-                print(np.vectorize(lambda code: f"0x{int(code):02X}")(stored))
+        print(format_array(y))
     return 0
+
+
+def _element_type_of(array: np.ndarray):
+    from ._dtypes import array_element_type
+
+    return array_element_type(array, "x")
+
+
+def _check_output_path(out: str, command: str) -> str:
+    """The -o file's extension; anything but a file named .npy/.npz/.pb/.hex is refused
+    before the op runs."""
+    if os.path.isdir(out):
+        raise UsageError(f"{PROG} {command}: -o {out} is a directory; name a file ending in "
+                         f"{', '.join(_OUTPUT_EXTENSIONS)}")
+    extension = os.path.splitext(out)[1].lower()
+    if extension not in _OUTPUT_EXTENSIONS:
+        raise UsageError(f"{PROG} {command}: -o {out}: the extension "
+                         f"{extension or '(none)'} names no format qemu-q writes; use "
+                         f"{', '.join(_OUTPUT_EXTENSIONS)}")
+    return extension
+
+
+def _write_output(y: np.ndarray, out: str, command: str) -> None:
+    """y to exactly `out`, in the format its extension names (docs/golden.md)."""
+    from ._dtypes import array_element_type
+    from .golden import writers
+
+    extension = _check_output_path(out, command)
+    etype = array_element_type(y, "y")
+    if extension == ".npy":
+        if not writers.numpy_native(etype):
+            stem = os.path.splitext(out)[0]
+            raise UsageError(
+                f"{PROG} {command}: -o {out}: numpy has no {etype.name} dtype, so a .npy "
+                f"would hold untyped {writers.storage_dtype(etype)} data; write {stem}.npz, "
+                f"{stem}.pb or {stem}.hex, which carry the ONNX type")
+        buffer = io.BytesIO()
+        np.lib.format.write_array(buffer, y, allow_pickle=False)
+        data = buffer.getvalue()
+    elif extension == ".npz":
+        data = writers.typed_npz((("output", "", [("y", y)]),), {"producer": f"{PROG} {command}"})
+    elif extension == ".pb":
+        data = writers.tensor_proto_bytes(y, "y")
+    else:
+        data = writers.hex_text(y, writers.DEFAULT_WORD_BITS, "y").encode()
+    _write_file(out, data)
+
+
+def format_array(array: np.ndarray) -> str:
+    """The array as numpy prints it; for types numpy lacks each value is followed by its
+    code in hex (float8 NaN 0x7f and 0xff, int4 -1 as 0xf), since the values alone can
+    hide which bits they are."""
+    from ._dtypes import array_element_type
+    from .golden.writers import numpy_native, to_storage
+
+    etype = array_element_type(array, "array")
+    if numpy_native(etype):
+        with np.printoptions(threshold=1000):
+            return str(array)
+    flat = array.reshape(-1)
+    codes = to_storage(flat).astype(np.int64) & ((1 << etype.bits) - 1)
+    digits = -(-etype.bits // 4)
+    index = np.arange(flat.size).reshape(array.shape)
+    return np.array2string(index, threshold=1000, formatter={
+        "int": lambda i: f"{flat[i]}(0x{codes[i]:0{digits}x})"})
 
 
 def _inputs_from_npz(path, names, read_npz):
@@ -618,6 +745,19 @@ def cmd_verify(args) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+        return code
+    except BrokenPipeError:
+        # The reader stopped reading (| head). Python would flush again at exit and print
+        # "Exception ignored ... Broken pipe": point stdout at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # what a shell reports for a command killed by SIGPIPE
+
+
+def _main(argv) -> int:
+    try:
         parser = _build_parser()
         if not argv:
             parser.print_help()
@@ -640,15 +780,11 @@ def main(argv=None) -> int:
     except UsageError as error:
         print(str(error), file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader closed the pipe (`qemu-q golden --list | head`): what it wanted was
-        # written. Point stdout at /dev/null so that the interpreter's final flush is quiet.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
     except Exception as error:  # one line, no traceback: the message names the problem
         if os.environ.get("QEMU_Q_TRACEBACK"):
             raise

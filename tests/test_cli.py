@@ -2,7 +2,6 @@
 exit code 2 (usage) or 1 (failure)."""
 
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -110,12 +109,29 @@ def test_golden_formats_and_force(capsys, tmp_path):
 
 
 def test_golden_list(capsys):
-    code, out, _ = run(capsys, "golden", "--out", "unused", "--list", "--op", "dynamic")
+    code, out, _ = run(capsys, "golden", "--list", "--op", "dynamic")
     assert code == 0
     lines = out.splitlines()
     assert len(lines) == 8 and all(line.startswith("test_dynamicquantizelinear_11") for line in lines)
     assert any("[divergence: DynamicQuantizeLinear: NaN in x]" in line for line in lines)
-    assert not pathlib.Path("unused").exists()
+
+
+def test_golden_list_into_a_closed_pipe(package_home):
+    """`qemu-q golden --list | head -1`: the reader goes away; no traceback, no
+    'Broken pipe' message, exit 141 (SIGPIPE's shell code, docs/golden.md)."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(package_home))
+    process = subprocess.Popen([sys.executable, "-m", "qemu_q", "golden", "--list"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=str(package_home), env=env)
+    first = process.stdout.readline()
+    process.stdout.close()
+    with process.stderr:
+        err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert first.startswith(b"test_quantizelinear_10_")
+    assert err == ""
 
 
 def test_golden_seed_and_size(capsys, tmp_path):
@@ -175,21 +191,155 @@ def test_quantize_prints_and_writes(capsys, arrays, tmp_path):
 
 def test_quantize_sub_byte_and_float8_outputs(capsys, arrays, tmp_path):
     x, p = arrays
-    y_path = tmp_path / "y4.npy"
+    y_path = tmp_path / "y4.npz"
     code, out, err = run(capsys, "quantize", p["x"], p["s0"], "--output-dtype", "int4",
                          "-o", y_path)
     assert code == 0, err
-    assert "int4" in out and "stored as int8" in out
+    assert out.strip() == f"y: int4 [2, 4] -> {y_path}"
     expected = qemu_q.quantize_linear(x, np.float32(0.5), output_dtype="int4")
-    assert np.array_equal(np.load(y_path), expected.astype(np.int8))
-    y_path = tmp_path / "y8.npy"
+    meta, stored = writers.read_npz(y_path)
+    assert [t["type"] for t in meta["tensors"]] == ["int4"]
+    assert stored["y"].dtype == INT4 and _bits(stored["y"]) == _bits(expected)
+    y_path = tmp_path / "y8.pb"
     code, out, err = run(capsys, "quantize", p["x"], p["s0"], "--output-dtype", "17",
                          "--saturate", "0", "--precision", "float16", "--opset", "23",
                          "-o", y_path)
     assert code == 0, err
     expected = qemu_q.quantize_linear(x, np.float32(0.5), output_dtype="float8e4m3fn",
                                       saturate=0, precision=10, opset=23)
-    assert np.array_equal(np.load(y_path), expected.view(np.uint8))
+    loaded = writers.read_tensor_proto(y_path.read_bytes())
+    assert loaded.dtype == expected.dtype and _bits(loaded) == _bits(expected)
+
+
+def _bits(array):
+    return np.ascontiguousarray(array).tobytes()
+
+
+# float8e4m3fn codes, by hand: 1.0 = 0x38, 1.5 = 0x3c, -2.5 = 0xc2, 0x7f and 0xff the two NaNs
+F8_CODES = [0x38, 0x3C, 0xC2, 0x7F, 0xFF]
+
+
+@pytest.mark.parametrize("extension", [".npz", ".pb", ".hex"])
+def test_typed_files_round_trip(capsys, tmp_path, extension):
+    """quantize -o y.<ext> then dequantize y.<ext>: float8 codes are read as float8, and
+    the file holds exactly the bits of the API call."""
+    x = np.array([1.0, 1.5, -2.5, np.nan, -np.nan], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "s.npy", np.float32(0.5))
+    y_path = tmp_path / f"y{extension}"
+    code, out, err = run(capsys, "quantize", tmp_path / "x.npy", tmp_path / "s.npy",
+                         "--output-dtype", "float8e4m3fn", "--x-type", "float", "-o", y_path)
+    assert code == 0, err
+    assert out.strip() == f"y: float8e4m3fn [5] -> {y_path}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["x.npy", "s.npy", y_path.name])
+    # x / 0.5 = 2, 3, -5: codes 0x40, 0x44, 0xca; NaN keeps its sign
+    expected_codes = [0x40, 0x44, 0xCA, 0x7F, 0xFF]
+    api = qemu_q.quantize_linear(x, np.float32(0.5), output_dtype="float8e4m3fn")
+    assert list(api.view(np.uint8)) == expected_codes
+    code, out, err = run(capsys, "dequantize", y_path, tmp_path / "s.npy",
+                         "-o", tmp_path / "back.npy")
+    assert code == 0, err
+    back = np.load(tmp_path / "back.npy")
+    assert list(back.view(np.uint32)) == [0x3F800000, 0x3FC00000, 0xC0200000, 0x7FC00000,
+                                          0xFFC00000]
+
+
+def test_untyped_uint8_needs_x_type(capsys, tmp_path):
+    np.save(tmp_path / "codes.npy", np.array(F8_CODES, np.uint8))
+    np.save(tmp_path / "s.npy", np.float32(1.0))
+    code, _out, err = run(capsys, "dequantize", tmp_path / "codes.npy", tmp_path / "s.npy")
+    assert_one_line_error(err, code, 2, "untyped uint8", "--x-type", "float8e4m3fn", "uint4")
+    code, out, err = run(capsys, "dequantize", tmp_path / "codes.npy", tmp_path / "s.npy",
+                         "--x-type", "float8e4m3fn", "-o", tmp_path / "y.npy")
+    assert code == 0, err
+    assert list(np.load(tmp_path / "y.npy")[:3]) == [1.0, 1.5, -2.5]
+    # the zero point of an untyped x takes x's type when stored alike
+    np.save(tmp_path / "zp.npy", np.array(0, np.uint8))
+    code, out, err = run(capsys, "dequantize", tmp_path / "codes.npy", tmp_path / "s.npy",
+                         tmp_path / "zp.npy", "--x-type", "float8e4m3fn")
+    assert code == 0, err
+    # uint8 is the type when said so
+    code, out, err = run(capsys, "dequantize", tmp_path / "codes.npy", tmp_path / "s.npy",
+                         "--x-type", "uint8")
+    assert code == 0 and "[ 56.  60. 194. 127. 255.]" in out, err
+    # a typed file and a contradicting --x-type
+    np.savez(tmp_path / "plain.npz", x=np.array(F8_CODES, np.uint8))
+    code, _out, err = run(capsys, "dequantize", f"{tmp_path / 'plain.npz'}:x",
+                          tmp_path / "s.npy")
+    assert_one_line_error(err, code, 2, "--x-type")
+    y_path = tmp_path / "y.npz"
+    assert run(capsys, "quantize", tmp_path / "s.npy", tmp_path / "s.npy", "--output-dtype",
+               "int4", "-o", y_path)[0] == 0
+    code, _out, err = run(capsys, "dequantize", y_path, tmp_path / "s.npy", "--x-type", "uint4")
+    assert_one_line_error(err, code, 2, "--x-type uint4", "says int4")
+
+
+@pytest.mark.parametrize("name, fragments", [
+    ("y.npy", ["numpy has no float8e4m3fn dtype", "y.npz", "y.pb", "y.hex"]),
+    ("y.txt", ["extension .txt", ".npy, .npz, .pb, .hex"]),
+    ("y", ["extension (none)"]),
+    ("outdir", ["is a directory"]),
+])
+def test_output_paths_refused(capsys, arrays, tmp_path, name, fragments):
+    _x, p = arrays
+    (tmp_path / "outdir").mkdir()
+    before = sorted(tmp_path.iterdir())
+    code, _out, err = run(capsys, "quantize", p["x"], p["s0"], "--output-dtype",
+                          "float8e4m3fn", "-o", tmp_path / name)
+    assert_one_line_error(err, code, 2, *fragments)
+    assert sorted(tmp_path.iterdir()) == before  # nothing written, no y.npy.npy
+
+
+def test_hex_output_is_the_named_file(capsys, arrays, tmp_path):
+    x, p = arrays
+    code, out, err = run(capsys, "quantize", p["x"], p["s0"], "--output-dtype", "int4",
+                         "-o", tmp_path / "y.hex")
+    assert code == 0, err
+    assert not (tmp_path / "y.hex.npy").exists()
+    text = (tmp_path / "y.hex").read_text()
+    assert "// type: int4" in text and "// shape: [2, 4]" in text
+    # int4 of x / 0.5 = 0, 3, 5, -5 | 600 (saturates to 7), NaN -> -8 (the minimum,
+    # docs/semantics.md), -14 -> -8, 0.4 -> 0: nibbles, low first: 0 3 5 b | 7 8 8 0
+    words = [line for line in text.splitlines() if not line.startswith("//")]
+    assert words == ["0887b530"]
+
+
+def test_float64_input(capsys, tmp_path):
+    # 1 + 2^-8 + 2^-40: above the bfloat16 midpoint between 1 and 1 + 2^-7, which a cast
+    # through float32 (round to nearest) would land on and round to even, down
+    x = np.array([1.0, 1 + 2.0**-8 + 2.0**-40, 2.5], np.float64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "s.npy", np.float32(1.0))
+    argv = ["quantize", tmp_path / "x.npy", tmp_path / "s.npy"]
+    code, _out, err = run(capsys, *argv)
+    assert_one_line_error(err, code, 2, "float64", "--x-type float --cast")
+    code, _out, err = run(capsys, *argv, "--x-type", "float")
+    assert_one_line_error(err, code, 2, "--cast")
+    code, out, err = run(capsys, *argv, "--x-type", "float", "--cast")
+    assert code == 0, err
+    assert out.splitlines()[1] == "[1 1 2]"  # 2.5 rounds to even
+    code, _out, err = run(capsys, *argv, "--x-type", "int8", "--cast")
+    assert_one_line_error(err, code, 2, "--cast converts to float types")
+    bf16 = cli.cast_to(x, qemu_q.ELEMENT_TYPES["bfloat16"])
+    assert list(bf16.view(np.uint16)) == [0x3F80, 0x3F81, 0x4020]
+    f8 = cli.cast_to(np.array([1 + 2.0**-4 + 2.0**-40, 1 + 2.0**-4, -1e300]),
+                     qemu_q.ELEMENT_TYPES["float8e4m3fn"])
+    assert list(f8.view(np.uint8)) == [0x39, 0x38, 0xFF]
+
+
+def test_printing_shows_codes(capsys, tmp_path):
+    np.save(tmp_path / "codes.npy", np.array(F8_CODES, np.uint8))
+    np.save(tmp_path / "s.npy", np.float32(1.0))
+    np.save(tmp_path / "i4.npy", np.array([-1, 7, -8], np.int8))
+    # dequantize with output float prints plain floats; the codes show when printing codes
+    code, out, err = run(capsys, "quantize", tmp_path / "s.npy", tmp_path / "s.npy",
+                         "--output-dtype", "float8e4m3fn")
+    assert code == 0 and out.splitlines()[1] == "1.0(0x38)", err
+    y = np.array(F8_CODES, np.uint8).view(qemu_q.ELEMENT_TYPES["float8e4m3fn"].dtype)
+    assert cli.format_array(y) == "[1.0(0x38) 1.5(0x3c) -2.5(0xc2) nan(0x7f) nan(0xff)]"
+    i4 = np.array([-1, 7, -8], np.int8).astype(INT4).reshape(1, 3)
+    assert cli.format_array(i4) == "[[-1(0xf) 7(0x7) -8(0x8)]]"
+    assert cli.format_array(np.array([1, 2], np.int8)) == "[1 2]"
 
 
 def test_dequantize_with_types(capsys, arrays, tmp_path):
@@ -229,9 +379,9 @@ def test_npz_members_and_golden_cases(capsys, arrays, tmp_path):
     (["quantize", "{x}", "{s0}", "--saturate", "2"], 2, ["--saturate"]),
     (["quantize", "{x}", "{s0}", "--axis", "one"], 2, ["--axis"]),
     (["quantize", "{x}", "{s0}", "--output-dtype", "int3"], 2, ["int3"]),
-    (["quantize", "{x}", "{s0}", "--opset", "99"], 2, ["--opset", "99"]),
-    (["quantize", "{x}", "{s0}", "-o", "{tmp}/y.hex"], 2, ["only .npy", "y.hex"]),
-    (["quantize", "{x}", "{s0}", "-o", "{tmp}/outdir"], 2, ["only .npy", "outdir"]),
+    (["quantize", "{x}", "{s0}", "--opset", "9"], 2, ["opset 9"]),
+    (["dequantize", "{codes}", "{s0}", "--opset", "29"], 2, ["opset 29"]),
+    (["quantize", "{x}", "{s0}", "--x-type", "float99"], 2, ["float99"]),
     (["quantize", "{npz}", "{s0}"], 1, ["holds 2 arrays"]),
     (["quantize", "{npz}:y", "{s0}"], 1, ["no array 'y'"]),
     (["quantize", "{x}", "{s0}", "--npz", "{npz}"], 2, ["not both"]),
@@ -270,75 +420,3 @@ def test_spec(capsys):
 def test_spec_errors(capsys, argv, fragments):
     code, _out, err = run(capsys, *argv)
     assert_one_line_error(err, code, 2, *fragments)
-
-
-def test_golden_list_needs_no_out(capsys):
-    code, out, _ = run(capsys, "golden", "--list", "--op", "dynamic")
-    listed = [line.split()[0] for line in out.splitlines()]  # name, then any divergence note
-    assert code == 0 and listed and all(n.startswith("test_dynamicquantizelinear_") for n in listed)
-
-
-def test_golden_without_out_is_a_usage_error(capsys):
-    code, _, err = run(capsys, "golden", "--op", "dynamic")
-    assert code == 2 and "--out" in err
-
-
-def test_golden_list_into_a_closed_pipe(package_home):
-    # `qemu-q golden --list | head -1`: the reader leaves early; no traceback, no error.
-    with subprocess.Popen(["head", "-1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as reader:
-        writer = subprocess.run([sys.executable, "-m", "qemu_q", "golden", "--list"],
-                                cwd=str(package_home), stdout=reader.stdin, stderr=subprocess.PIPE,
-                                text=True, timeout=120)
-        reader.stdin.close()
-        first = reader.stdout.read().decode()
-    assert first.startswith("test_"), first
-    assert writer.returncode == 0 and writer.stderr == "", writer.stderr
-
-
-def test_printed_small_floats_show_their_codes(capsys, tmp_path):
-    # NaN 0x7F and 0xFF print alike as values; the hex codes tell them apart.
-    np.save(tmp_path / "x.npy", np.array([1.5, np.nan, -np.nan, 1e9], np.float32))
-    np.save(tmp_path / "s.npy", np.float32(1))
-    code, out, _ = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
-                       "--output-dtype", "float8e4m3fn", "--saturate", "0")
-    assert code == 0 and "['0x3C' '0x7F' '0xFF' '0x7F']" in out, out
-
-
-def test_untyped_uint8_codes_need_x_type(capsys, tmp_path):
-    # quantize -o stores float8 codes as uint8; reading them back as uint8 codes unasked
-    # was the trap: dequantize now asks which type they are.
-    np.save(tmp_path / "x.npy", np.array([1.5, -2.5, 0.3], np.float32))
-    np.save(tmp_path / "s.npy", np.float32(1))
-    code, _, _ = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
-                     "--output-dtype", "float8e4m3fn", "-o", str(tmp_path / "y.npy"))
-    assert code == 0
-    code, _, err = run(capsys, "dequantize", str(tmp_path / "y.npy"), str(tmp_path / "s.npy"))
-    assert_one_line_error(err, code, 2, "uint8", "--x-type")
-    code, out, _ = run(capsys, "dequantize", str(tmp_path / "y.npy"), str(tmp_path / "s.npy"),
-                       "--x-type", "float8e4m3fn", "-o", str(tmp_path / "back.npy"))
-    assert code == 0
-    # 1.5, -2.5 are float8e4m3fn values; 0.3 rounds to 0.3125 (5 * 2**-4).
-    assert np.load(tmp_path / "back.npy").tolist() == [1.5, -2.5, 0.3125]
-
-
-def test_float64_input_cast_to_float32(capsys, tmp_path):
-    np.save(tmp_path / "x.npy", np.array([0.5, 1.5, 2.5, 1 + 2**-30], np.float64))
-    np.save(tmp_path / "s.npy", np.float32(1))
-    code, _, err = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"))
-    assert_one_line_error(err, code, 2, "float64", "--cast x=float")
-    code, _, err = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
-                       "--x-type", "float")
-    assert_one_line_error(err, code, 2, "float64", "--cast x=float")
-    code, _, _ = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
-                     "--cast", "x=float", "-o", str(tmp_path / "y.npy"))
-    # 1 + 2**-30 rounds to 1.0f; the .5 values are ties to even.
-    assert code == 0 and np.load(tmp_path / "y.npy").tolist() == [0, 2, 2, 1]
-
-
-@pytest.mark.parametrize("cast", ["y=float", "x=int8", "x", "scale=float"])
-def test_cast_rejects(capsys, tmp_path, cast):
-    np.save(tmp_path / "x.npy", np.array([0.5], np.float64))
-    np.save(tmp_path / "s.npy", np.float32(1))
-    code, _, err = run(capsys, "quantize", str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
-                       "--cast", cast)
-    assert_one_line_error(err, code, 2, "--cast")

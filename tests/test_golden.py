@@ -131,36 +131,8 @@ def test_every_model_is_valid_onnx(suite):
 # --------------------------------------------------------------------------------------
 # onnx.reference and onnxruntime: identical bits except the documented divergences
 
-# What each implementation cannot run at all, by case features, with the reason.
-_F6 = ("float6e2m3", "float6e3m2")
-REFERENCE_CANNOT = (
-    ("onnx.reference has no DequantizeLinear below version 19",
-     lambda c: c.op_type == "DequantizeLinear" and c.version < 19),
-)
-ONNXRUNTIME_CANNOT = (
-    ("onnxruntime 1.32 implements these ops up to opset 25, not 28",
-     lambda c: c.version == 28),
-    ("onnxruntime has no float4e2m1 QuantizeLinear / DequantizeLinear",
-     lambda c: c.qtype == "float4e2m1"),
-    ("onnxruntime has no QuantizeLinear with a bfloat16 or int32 x",
-     lambda c: c.op_type == "QuantizeLinear" and c.x_type in ("bfloat16", "int32")),
-    ("onnxruntime has no QuantizeLinear with a bfloat16, int32 or float8e8m0 scale",
-     lambda c: c.op_type == "QuantizeLinear"
-     and c.scale_type in ("bfloat16", "int32", "float8e8m0")),
-    ("onnxruntime's QuantizeLinear rejects precision=16 (bfloat16)",
-     lambda c: c.op_type == "QuantizeLinear" and c.precision == 16),
-    ("onnxruntime has no DequantizeLinear with a bfloat16 scale or output",
-     lambda c: c.op_type == "DequantizeLinear" and "bfloat16" in (c.scale_type, c.y_type)),
-    ("onnxruntime has no DequantizeLinear with a float8e8m0 scale",
-     lambda c: c.op_type == "DequantizeLinear" and c.scale_type == "float8e8m0"),
-)
-
-
-def _cannot(table, config):
-    for reason, predicate in table:
-        if predicate(config):
-            return reason
-    return None
+# What each implementation cannot run at all: qemu_q/golden/runtimes.py (the manifest's
+# runs_on), checked here by running every case.
 
 
 def run_reference(case, model_bytes):
@@ -232,10 +204,7 @@ def _mismatch(case, got) -> str | None:
     return None
 
 
-RUNTIMES = {
-    REFERENCE: (run_reference, REFERENCE_CANNOT),
-    ONNXRUNTIME: (run_onnxruntime, ONNXRUNTIME_CANNOT),
-}
+RUNTIMES = {REFERENCE: run_reference, ONNXRUNTIME: run_onnxruntime}
 
 
 @pytest.fixture(scope="module")
@@ -249,8 +218,8 @@ def comparisons(suite):
     results = {}
     for case in suite:
         model_bytes = writers.model_bytes(case)
-        for runtime, (run, cannot_table) in RUNTIMES.items():
-            reason = _cannot(cannot_table, case.config)
+        for runtime, run in RUNTIMES.items():
+            reason = golden.cannot_run(runtime, case.config)
             if reason:
                 results[(runtime, case.name)] = ("cannot", reason)
                 continue
@@ -635,3 +604,64 @@ def test_verilog_testbench_odd_counts(testbench, tmp_path, word_bits):
         path.write_text(writers.hex_text(array, word_bits, name))
         got = _simulate(testbench, path, word_bits, etype, count)
         assert got == _expected_values(array), name
+
+
+# --------------------------------------------------------------------------------------
+# runs_on, --variant, --block-size
+
+
+def test_cannot_rows_really_cannot(suite):
+    """Each row of qemu_q/golden/runtimes.py: the first cases it alone rules out fail in
+    that runtime (test_runtimes_agree shows the cases it lets through run)."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+    for runtime, run in RUNTIMES.items():
+        for reason, predicate in golden.runtimes.CANNOT[runtime]:
+            ruled_out = [case for case in suite if predicate(case.config)
+                         and golden.cannot_run(runtime, case.config) == reason]
+            assert ruled_out, reason
+            for case in ruled_out[:3]:
+                with pytest.raises(Exception):  # noqa: B017 - any failure to run counts
+                    run(case, writers.model_bytes(case))
+
+
+def test_runs_on_in_the_manifest(written):
+    by_name = {entry["name"]: entry for entry in _manifest(written)["cases"]}
+    assert by_name["test_quantizelinear_25_int4_grid"]["runs_on"] == [REFERENCE, ONNXRUNTIME]
+    assert by_name["test_dequantizelinear_10_uint8_codes"]["runs_on"] == [ONNXRUNTIME]
+    everything = [golden.runs_on(c) for c in golden.iter_configs()]
+    assert [REFERENCE] in everything and [] not in everything
+
+
+def test_variant_and_block_size_options(tmp_path, package_home):
+    base = [sys.executable, "-m", "qemu_q", "golden", "--op", "q", "--opset", "21",
+            "--type", "int4"]
+    env = _environment(package_home)
+    listed = subprocess.run(base + ["--list", "--variant", "blocked*,x_float16",
+                                    "--block-size", "4", "--block-size", "16"],
+                            capture_output=True, text=True, env=env)
+    assert listed.returncode == 0, listed.stderr
+    names = listed.stdout.split()
+    assert "test_quantizelinear_21_int4_blocked_b4_random" in names
+    assert "test_quantizelinear_21_int4_blocked_b16_random" in names
+    assert "test_quantizelinear_21_int4_x_float16_grid" in names
+    assert not any(n.endswith("_blocked_random") or "_base_" in n for n in names)
+    out = tmp_path / "g"
+    done = subprocess.run(base + ["--out", str(out), "--variant", "blocked*", "--block-size",
+                                  "5", "--format", "onnx,npz"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    manifest = _manifest(out)
+    (entry,) = manifest["cases"]
+    assert manifest["selection"]["block_size"] == ["5"]
+    assert manifest["selection"]["variant"] == ["blocked*"]
+    assert entry["variant"] == "blocked_b5" and entry["attributes"]["block_size"] == 5
+    assert [t["shape"] for t in entry["inputs"]] == [[2, 3, 11], [2, 3, 3], [2, 3, 3]]
+    meta, arrays = writers.read_npz(out / entry["npz"])
+    case = golden.build_case(next(iter(golden.iter_configs(golden.Selection(
+        ops=("q",), opsets=(21,), types=("int4",), variants=("blocked*",),
+        block_sizes=(5,))))))
+    (got,) = run_reference(case, (out / entry["onnx_dir"] / "model.onnx").read_bytes())
+    assert _bits(got) == _bits(arrays["expected_y"])
+    bad = subprocess.run(base + ["--list", "--block-size", "0"], capture_output=True,
+                         text=True, env=env)
+    assert bad.returncode == 2 and "block size 0" in bad.stderr

@@ -18,9 +18,10 @@ from qemu_q.golden.verify import compare
 
 pytest.importorskip("onnx", reason="the suite's ONNX folders need onnx (test extra)")
 # how the golden tests run each case in the two runtimes (IOBinding for int4 / float8 in
-# onnxruntime) and what each cannot run
-from test_golden import (ONNXRUNTIME_CANNOT, REFERENCE_CANNOT, _cannot,  # noqa: E402
-                         run_onnxruntime, run_reference)
+# onnxruntime); what each cannot run is qemu_q/golden/runtimes.py
+from test_golden import run_onnxruntime, run_reference  # noqa: E402
+
+from qemu_q.golden.runtimes import cannot_run  # noqa: E402
 
 # A few quantized types at one opset: every op (DynamicQuantizeLinear-11 comes with opset
 # 21), every family and granularity, and divergences of both runtimes.
@@ -62,10 +63,7 @@ def _write_case(root: pathlib.Path, name: str, files: dict[str, bytes]) -> None:
 # Runtimes: verify fails exactly the divergences the manifest names for each
 
 
-RUNTIMES = {
-    golden.REFERENCE: (run_reference, REFERENCE_CANNOT),
-    golden.ONNXRUNTIME: (run_onnxruntime, ONNXRUNTIME_CANNOT),
-}
+RUNTIMES = {golden.REFERENCE: run_reference, golden.ONNXRUNTIME: run_onnxruntime}
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +71,9 @@ def runtime_outputs(cases):
     """runtime -> {case name: outputs} for the cases the runtime can run."""
     pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
     results = {}
-    for runtime, (run, cannot) in RUNTIMES.items():
+    for runtime, run in RUNTIMES.items():
         results[runtime] = {case.name: run(case, writers.model_bytes(case))
-                            for case in cases if not _cannot(cannot, case.config)}
+                            for case in cases if cannot_run(runtime, case.config) is None}
     return results
 
 

@@ -43,6 +43,7 @@ Modules, by concern:
   families      the input families: Case, build_case, generate
   divergences   the peer-divergence table (DIVERGENCES, rows keyed to docs/divergences.md
                 headings) and divergences_of
+  runtimes      which runtimes can run a case at all (the manifest's runs_on)
   writers       the files: ONNX node-test folders, .npz archives, Verilog hex, manifest.json
   verify        qemu_q.verify / qemu-q verify: actual outputs against a suite, bit for bit
 """
@@ -51,9 +52,11 @@ from .configs import (DQ_FAMILIES, DYNAMIC_FAMILIES, FAMILIES, OPS, Q_FAMILIES, 
                       Selection, iter_configs)
 from .divergences import BOTH, DIVERGENCES, ONNXRUNTIME, REFERENCE, divergences_of
 from .families import DEFAULT_SEED, DEFAULT_SIZE, Case, build_case, generate
+from .runtimes import RUNTIMES, cannot_run, runs_on
 
 __all__ = [
     "BOTH", "DEFAULT_SEED", "DEFAULT_SIZE", "DIVERGENCES", "DQ_FAMILIES", "DYNAMIC_FAMILIES",
-    "FAMILIES", "ONNXRUNTIME", "OPS", "Q_FAMILIES", "REFERENCE", "Case", "Config",
-    "Selection", "build_case", "divergences_of", "generate", "iter_configs",
+    "FAMILIES", "ONNXRUNTIME", "OPS", "Q_FAMILIES", "REFERENCE", "RUNTIMES", "Case",
+    "Config", "Selection", "build_case", "cannot_run", "divergences_of", "generate",
+    "iter_configs", "runs_on",
 ]

@@ -4,7 +4,8 @@ selection of cases that the command line's options make."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import fnmatch
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
 from .._dtypes import ELEMENT_TYPES, element_type
@@ -48,6 +49,7 @@ class Config:
     output_dtype: str | None = None  # node attribute output_dtype
     zero_point: bool = True  # whether the zero-point input is given
     full_sweep: bool = False  # DequantizeLinear 16-bit codes: all 65536 rather than a sample
+    block_size: int | None = None  # blocked: None for the default (families._block_size)
 
     @property
     def name(self) -> str:
@@ -208,6 +210,9 @@ class Selection:
     types: tuple[str, ...] | None = None  # quantized type names
     granularities: tuple[str, ...] | None = None
     families: tuple[str, ...] | None = None
+    variants: tuple[str, ...] | None = None  # fnmatch patterns on Config.variant
+    # Blocked cases: one per block size (variant blocked_b<N>) instead of the default one.
+    block_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.ops is not None:
@@ -223,6 +228,9 @@ class Selection:
         for f in self.families or ():
             if f not in FAMILIES:
                 raise ValueError(f"unknown family {f!r}; known: {', '.join(FAMILIES)}")
+        for b in self.block_sizes or ():
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise ValueError(f"block size {b!r}; allowed: integers >= 1")
 
     def versions(self, op_type: str) -> list[int]:
         if self.opsets is None:
@@ -234,7 +242,17 @@ class Selection:
     def accepts(self, config: Config) -> bool:
         return ((self.types is None or config.qtype in self.types)
                 and (self.granularities is None or config.granularity in self.granularities)
-                and (self.families is None or config.family in self.families))
+                and (self.families is None or config.family in self.families)
+                and (self.variants is None
+                     or any(fnmatch.fnmatchcase(config.variant, v) for v in self.variants)))
+
+    def with_block_sizes(self, config: Config) -> Iterator[Config]:
+        """The configuration, or for a blocked one with `block_sizes`, one per size."""
+        if config.granularity != "blocked" or self.block_sizes is None:
+            yield config
+            return
+        for b in self.block_sizes:
+            yield replace(config, variant=f"{config.variant}_b{b}", block_size=b)
 
 
 def iter_configs(selection: Selection | None = None) -> Iterator[Config]:
@@ -244,6 +262,7 @@ def iter_configs(selection: Selection | None = None) -> Iterator[Config]:
         if selection.ops is not None and op_type not in selection.ops:
             continue
         for version in selection.versions(op_type):
-            for config in _CONFIGS[op_type](version):
-                if selection.accepts(config):
-                    yield config
+            for base in _CONFIGS[op_type](version):
+                for config in selection.with_block_sizes(base):
+                    if selection.accepts(config):
+                        yield config

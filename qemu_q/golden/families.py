@@ -299,7 +299,7 @@ def _granularity_params(c: Config, shape) -> tuple[tuple[int, ...], dict, tuple]
     if c.granularity == "per_axis":
         return (shape[1],), {}, ()  # axis left at its default, 1
     axis = len(shape) - 1
-    b = _block_size(shape[axis])
+    b = c.block_size or _block_size(shape[axis])
     scale_shape = tuple(shape[:axis]) + (-(-shape[axis] // b),)
     return scale_shape, {"axis": -1, "block_size": b}, (axis, b)
 

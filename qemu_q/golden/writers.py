@@ -14,8 +14,9 @@ import zipfile
 
 import numpy as np
 
-from .._dtypes import ELEMENT_TYPES, ElementType, array_element_type
+from .._dtypes import ELEMENT_TYPES, ElementType, array_element_type, element_type
 from .._pack import pack, unpack
+from .runtimes import runs_on
 
 ONNX_MISSING = "the onnx format needs the onnx package: pip install qemu_q[onnx]"
 WORD_BITS = (8, 16, 32, 64)
@@ -41,6 +42,20 @@ def import_onnx():
 _NUMPY_NATIVE = frozenset(("float", "float16", "int8", "uint8", "int16", "uint16", "int32"))
 
 
+def numpy_native(etype: ElementType) -> bool:
+    """Whether numpy itself has the type (a .npy of it says what it holds)."""
+    return etype.name in _NUMPY_NATIVE
+
+
+def storage_dtype(etype: ElementType) -> np.dtype:
+    """The plain numpy dtype `to_storage` stores `etype` as."""
+    if numpy_native(etype):
+        return etype.dtype
+    if etype.kind == "integer":
+        return np.dtype(np.int8 if etype.lo < 0 else np.uint8)
+    return etype.storage
+
+
 def to_storage(array: np.ndarray) -> np.ndarray:
     """An array of plain numpy dtype holding `array` as .npy/.npz can store it.
 
@@ -49,10 +64,10 @@ def to_storage(array: np.ndarray) -> np.ndarray:
     types (float8, float6, float4, float8e8m0) their uint8 codes.
     """
     etype = array_element_type(array, "array")
-    if etype.name in _NUMPY_NATIVE:
+    if numpy_native(etype):
         return array
     if etype.kind == "integer":
-        return array.astype(np.int8 if etype.lo < 0 else np.uint8)
+        return array.astype(storage_dtype(etype))
     return np.ascontiguousarray(array).view(etype.storage)
 
 
@@ -123,8 +138,8 @@ def hex_text(array: np.ndarray, word_bits: int = DEFAULT_WORD_BITS, name: str = 
     return "\n".join(lines) + "\n"
 
 
-def read_hex(text: str, type_name: str, shape, word_bits: int | None = None) -> np.ndarray:
-    """Parse a file from `hex_text` back into an array (for tests and users' tooling)."""
+def _hex_lines(text: str) -> tuple[dict[str, str], list[str]]:
+    """The `//` header of a file from `hex_text` as {key: value}, and its words."""
     words, header = [], {}
     for line in text.splitlines():
         line = line.strip()
@@ -134,6 +149,24 @@ def read_hex(text: str, type_name: str, shape, word_bits: int | None = None) -> 
             continue
         if line:
             words.append(line)
+    return header, words
+
+
+def hex_type_and_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """The type name and shape a file from `hex_text` declares in its header."""
+    header, _ = _hex_lines(text)
+    try:
+        type_name = header["type"].split()[0]
+        dims = header["shape"].strip("[]").replace(",", " ").split()
+        return type_name, tuple(int(d) for d in dims)
+    except (KeyError, IndexError, ValueError):
+        raise ValueError("no '// type:' and '// shape:' header lines (as qemu-q writes them)") \
+            from None
+
+
+def read_hex(text: str, type_name: str, shape, word_bits: int | None = None) -> np.ndarray:
+    """Parse a file from `hex_text` back into an array (for tests and users' tooling)."""
+    header, words = _hex_lines(text)
     if word_bits is None:
         word_bits = int(header["words"].split("x")[1].split()[0]) if "words" in header else 32
     word_bytes = word_bits // 8
@@ -164,29 +197,35 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def case_npz(case) -> bytes:
-    """The case as an .npz: inputs under their ONNX names, expected outputs under
-    `expected_<name>`, each in storage form (`to_storage`), and `meta`, a JSON string with
-    the op, opset, attributes and every tensor's key, ONNX type, role and shape (a 0-d
-    bytes array: `json.loads(npz["meta"].item())`)."""
+def typed_npz(groups, meta: dict) -> bytes:
+    """An .npz of tensors in storage form (`to_storage`) with `meta`, a JSON string (a 0-d
+    bytes array: `json.loads(npz["meta"].item())`) holding `meta`'s keys and `tensors`:
+    every tensor's key, name, role, index, ONNX type and shape. `groups` is a sequence
+    of (role, key prefix, [(name, array)]). `read_npz` reads it back in the ONNX types."""
     arrays: dict[str, np.ndarray] = {}
     tensors = []
-    for role, items in (("input", case.inputs), ("output", case.outputs)):
+    for role, prefix, items in groups:
         for index, (name, array) in enumerate(items):
-            key = name if role == "input" else f"expected_{name}"
+            key = f"{prefix}{name}"
             arrays[key] = to_storage(array)
             tensors.append({"key": key, "name": name, "role": role, "index": index,
                             "type": tensor_type(array).name, "shape": list(array.shape)})
-    meta = {
-        "name": case.name, "op_type": case.op_type, "opset": case.opset,
-        "attributes": case.attributes, "tensors": tensors,
-    }
-    arrays["meta"] = np.array(json.dumps(meta, separators=(",", ":")).encode())
+    arrays["meta"] = np.array(json.dumps(meta | {"tensors": tensors},
+                                         separators=(",", ":")).encode())
     return npz_bytes(arrays)
 
 
+def case_npz(case) -> bytes:
+    """The case as an .npz (`typed_npz`): inputs under their ONNX names, expected outputs
+    under `expected_<name>`, and in `meta` also the op, opset and attributes."""
+    meta = {"name": case.name, "op_type": case.op_type, "opset": case.opset,
+            "attributes": case.attributes}
+    return typed_npz((("input", "", case.inputs), ("output", "expected_", case.outputs)), meta)
+
+
 def read_npz(path_or_file) -> tuple[dict, dict[str, np.ndarray]]:
-    """(meta, arrays) of a case .npz written by `case_npz`, arrays in their ONNX types."""
+    """(meta, arrays) of an .npz written by `typed_npz` (a case .npz, or the output of
+    `qemu-q quantize -o y.npz`), arrays in their ONNX types."""
     with np.load(path_or_file, allow_pickle=False) as archive:
         meta = json.loads(archive["meta"].item().decode())
         arrays = {t["key"]: from_storage(archive[t["key"]], t["type"]) for t in meta["tensors"]}
@@ -207,6 +246,20 @@ def tensor_proto_bytes(array: np.ndarray, name: str) -> bytes:
     tensor.dims.extend(int(d) for d in array.shape)
     tensor.raw_data = pack(array).tobytes()
     return tensor.SerializeToString(deterministic=True)
+
+
+def read_tensor_proto(data: bytes) -> np.ndarray:
+    """The array of a serialized TensorProto, in its ONNX type (`tensor_proto_bytes`
+    writes raw_data; typed fields, as other tools may write, go through onnx's reader)."""
+    onnx = import_onnx()
+    tensor = onnx.TensorProto()
+    tensor.ParseFromString(data)
+    etype = element_type(tensor.data_type, "the TensorProto's data_type")
+    if tensor.HasField("raw_data"):
+        return unpack(tensor.raw_data, etype.name, tuple(tensor.dims))
+    from onnx import numpy_helper
+
+    return np.asarray(numpy_helper.to_array(tensor)).astype(etype.dtype)
 
 
 def model_proto(case):
@@ -301,6 +354,7 @@ def case_files(case, formats, word_bits: int = DEFAULT_WORD_BITS):
         "divergence": case.divergence,
         "divergences": [{"heading": h, "implementations": list(who)}
                         for h, who in case.divergences],
+        "runs_on": runs_on(config),
     }
     if "npz" in formats:
         path = f"{NPZ_DIR}/{case.name}.npz"
