@@ -636,9 +636,11 @@ def test_variant_and_block_size_options(tmp_path, package_home):
     base = [sys.executable, "-m", "qemu_q", "golden", "--op", "q", "--opset", "21",
             "--type", "int4"]
     env = _environment(package_home)
+    # Beside the package under test: `python -m` looks in the working directory first.
     listed = subprocess.run(base + ["--list", "--variant", "blocked*,x_float16",
                                     "--block-size", "4", "--block-size", "16"],
-                            capture_output=True, text=True, env=env)
+                            capture_output=True, text=True, env=env,
+                            cwd=str(package_home))
     assert listed.returncode == 0, listed.stderr
     names = listed.stdout.split()
     assert "test_quantizelinear_21_int4_blocked_b4_random" in names
@@ -648,7 +650,7 @@ def test_variant_and_block_size_options(tmp_path, package_home):
     out = tmp_path / "g"
     done = subprocess.run(base + ["--out", str(out), "--variant", "blocked*", "--block-size",
                                   "5", "--format", "onnx,npz"],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=env, cwd=str(package_home))
     assert done.returncode == 0, done.stderr
     manifest = _manifest(out)
     (entry,) = manifest["cases"]
