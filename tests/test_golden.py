@@ -665,5 +665,5 @@ def test_variant_and_block_size_options(tmp_path, package_home):
     (got,) = run_reference(case, (out / entry["onnx_dir"] / "model.onnx").read_bytes())
     assert _bits(got) == _bits(arrays["expected_y"])
     bad = subprocess.run(base + ["--list", "--block-size", "0"], capture_output=True,
-                         text=True, env=env)
+                         text=True, env=env, cwd=str(package_home))
     assert bad.returncode == 2 and "block size 0" in bad.stderr
