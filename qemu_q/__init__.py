@@ -10,6 +10,7 @@ from ._opspec import NEWEST_OPSET, OP_VERSIONS, FormalParameter, OpSpec, get_spe
 from ._pack import pack, unpack
 from .ops import dequantize_linear, dynamic_quantize_linear, quantize_linear
 from ._parallel import openmp_compiled as _openmp_compiled
+from ._onnx_plugin import onnx_ops
 from ._registry import run_op
 from ._threads import MAX_THREADS, get_num_threads, set_num_threads
 from .golden.verify import VerifyReport, verify
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ELEMENT_TYPES", "ElementType", "FormalParameter", "MAX_THREADS", "NEWEST_OPSET", "OP_VERSIONS", "OpSpec",
     "dequantize_linear", "dynamic_quantize_linear", "element_type", "get_num_threads", "get_spec",
-    "openmp_enabled", "pack", "quantize_linear", "run_op", "set_num_threads", "unpack",
+    "onnx_ops", "openmp_enabled", "pack", "quantize_linear", "run_op", "set_num_threads", "unpack",
     "VerifyReport", "verify",
     "__version__",
 ]
