@@ -12,12 +12,13 @@ from .ops import dequantize_linear, dynamic_quantize_linear, quantize_linear
 from ._parallel import openmp_compiled as _openmp_compiled
 from ._registry import run_op
 from ._threads import MAX_THREADS, get_num_threads, set_num_threads
+from .qparams import choose_qparams
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ELEMENT_TYPES", "ElementType", "FormalParameter", "MAX_THREADS", "NEWEST_OPSET", "OP_VERSIONS", "OpSpec",
-    "dequantize_linear", "dynamic_quantize_linear", "element_type", "get_num_threads", "get_spec",
+    "choose_qparams", "dequantize_linear", "dynamic_quantize_linear", "element_type", "get_num_threads", "get_spec",
     "openmp_enabled", "pack", "quantize_linear", "run_op", "set_num_threads", "unpack",
     "__version__",
 ]
