@@ -30,7 +30,7 @@ def _output_type(dtype) -> ElementType:
 
 
 def _integer_range(etype: ElementType, reduce_range: bool) -> tuple[int, int]:
-    qmin, qmax = int(etype.lo), int(etype.hi)
+    qmin, qmax = int(etype.lo or 0), int(etype.hi or 0)
     if not reduce_range:
         return qmin, qmax
     if etype.bits <= 2:
@@ -44,6 +44,7 @@ def _reduce(x: np.ndarray, axis: int | None, block_size: int) -> tuple[np.ndarra
     """lo = min(0, min x) and hi = max(0, max x) over the non-NaN values of each group, as
     float64 arrays of the scale's shape (all-NaN and empty groups give 0, 0)."""
     values = x.astype(np.float64)  # exact for float32, float16, bfloat16
+    groups: np.ndarray
     if axis is None:
         groups, over = values.reshape(1, -1), (1,)
         shape: tuple[int, ...] = ()
