@@ -14,14 +14,15 @@ from ._onnx_plugin import onnx_ops
 from ._registry import run_op
 from ._threads import MAX_THREADS, get_num_threads, set_num_threads
 from .golden.verify import VerifyReport, verify
+from .qparams import choose_qparams
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ELEMENT_TYPES", "ElementType", "FormalParameter", "MAX_THREADS", "NEWEST_OPSET", "OP_VERSIONS", "OpSpec",
-    "dequantize_linear", "dynamic_quantize_linear", "element_type", "get_num_threads", "get_spec",
-    "onnx_ops", "openmp_enabled", "pack", "quantize_linear", "run_op", "set_num_threads", "unpack",
-    "VerifyReport", "verify",
+    "choose_qparams", "dequantize_linear", "dynamic_quantize_linear", "element_type",
+    "get_num_threads", "get_spec", "onnx_ops", "openmp_enabled", "pack", "quantize_linear",
+    "run_op", "set_num_threads", "unpack", "VerifyReport", "verify",
     "__version__",
 ]
 

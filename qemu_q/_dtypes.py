@@ -9,11 +9,16 @@ sub-byte packing width).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
 
 from ._parallel import ENUMS
+
+if TYPE_CHECKING:
+    from ._typing import TypeSpec
+    from ._validate import ArraySpec
 
 # The kernels' enumerations (pyx/_codecs.pxd, _layout.pxd), as the compiled code exports them.
 FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32 = (
@@ -49,13 +54,18 @@ class ElementType:
     def packed(self) -> bool:
         return self.bits < 8
 
+    @property
+    def signed(self) -> bool:
+        """An integer type with negative values."""
+        return self.lo is not None and self.lo < 0
+
     def code_values(self, codes) -> np.ndarray:
         """The int64 values of integer codes given by their low `bits` bits: two's
         complement for a signed type (the one home of sign extension)."""
         if self.kind != "integer":
             raise TypeError(f"{self.name} is not an integer type")
         values = np.asarray(codes, dtype=np.int64) & ((1 << self.bits) - 1)
-        if self.lo < 0:
+        if self.signed:
             values = np.where(values >= 1 << (self.bits - 1), values - (1 << self.bits), values)
         return values
 
@@ -123,7 +133,7 @@ def _known_names() -> str:
     return ", ".join(ELEMENT_TYPES)
 
 
-def element_type(spec, argument: str = "dtype") -> ElementType:
+def element_type(spec: TypeSpec, argument: str = "dtype") -> ElementType:
     """Resolve an ONNX TensorProto int, a name, a numpy/ml_dtypes dtype or an ElementType."""
     if isinstance(spec, ElementType):
         return spec
@@ -158,7 +168,7 @@ def element_type(spec, argument: str = "dtype") -> ElementType:
     return found
 
 
-def array_element_type(array: np.ndarray, argument: str) -> ElementType:
+def array_element_type(array: np.ndarray | ArraySpec, argument: str) -> ElementType:
     found = _BY_DTYPE.get(array.dtype)
     if found is None:
         raise TypeError(

@@ -144,7 +144,7 @@ def _quantize_linear(
     version: int,
     scale_type: str,
     zero_point_type: str,
-    attributes: dict[str, int | None],
+    attributes: Mapping[str, int | None],
     constraints: dict[str, frozenset[str]],
 ) -> OpSpec:
     if version < 19:
@@ -177,7 +177,7 @@ def _dequantize_linear(
     x_type: str,
     scale_type: str,
     y_type: str,
-    attributes: dict[str, int | None],
+    attributes: Mapping[str, int | None],
     constraints: dict[str, frozenset[str]],
 ) -> OpSpec:
     if version < 19:

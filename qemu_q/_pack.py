@@ -10,6 +10,7 @@ import numpy as np
 from . import _dispatch
 from ._dtypes import array_element_type, element_type
 from ._threads import resolve_threads
+from ._typing import Shape, TypeSpec
 
 
 def packed_size(etype, count: int) -> int:
@@ -60,7 +61,7 @@ def raw_bytes(buffer, etype, count: int, argument: str) -> np.ndarray:
     return data
 
 
-def pack(array, *, out=None, n_threads=None) -> np.ndarray:
+def pack(array: np.ndarray, *, out: np.ndarray | None = None, n_threads: int | None = None) -> np.ndarray:
     """The ONNX raw_data bytes of `array` as a 1-D uint8 array.
 
     int4/uint4/float4e2m1: two per byte, element 0 in the low nibble; int2/uint2: four per
@@ -94,7 +95,8 @@ def pack(array, *, out=None, n_threads=None) -> np.ndarray:
     return result
 
 
-def unpack(buffer, dtype, shape, *, n_threads=None) -> np.ndarray:
+def unpack(buffer: bytes | np.ndarray, dtype: TypeSpec, shape: Shape, *,
+           n_threads: int | None = None) -> np.ndarray:
     """The array of `dtype` and `shape` whose ONNX raw_data bytes are `buffer`."""
     if dtype is None:
         raise TypeError("dtype=None: give the element type of the codes (a type name, an ONNX "

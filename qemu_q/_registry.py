@@ -7,12 +7,14 @@ calls the adapter. No op is named here.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from ._opspec import get_spec, normalize_opset
 from ._rules import label
 
-NodeRunner = Callable[[list, dict, int], list]
+NodeRunner = Callable[[list, dict, "int | None"], list]
 RUNNERS: dict[str, NodeRunner] = {}
 
 
@@ -28,7 +30,8 @@ def register(op_type: str):
     return decorate
 
 
-def run_op(op_type: str, inputs: list, attributes: dict, opset: int) -> list:
+def run_op(op_type: str, inputs: Sequence[np.ndarray | None], attributes: Mapping[str, Any] | None,
+           opset: int | None) -> list[np.ndarray]:
     """Run one node: inputs in node order (None for an absent optional input, trailing ones
     may be omitted), attributes as NodeProto values, `opset` the model's default-domain opset."""
     opset = normalize_opset(opset)

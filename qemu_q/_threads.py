@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+from typing import Callable, ParamSpec, TypeVar
 
 from . import _parallel
 
@@ -106,13 +107,17 @@ def resolve_threads(n_threads, size: int) -> int:
     return n
 
 
-def in_default_fp_environment(op):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def in_default_fp_environment(op: Callable[_P, _R]) -> Callable[_P, _R]:
     """Run `op` in the default floating-point environment on the calling thread
     (pyx/_fpenv.pxd): the Python layer's own arithmetic (parameter conversions, zero-point
     checks, DynamicQuantizeLinear's scale) must not read the caller's FTZ/DAZ or rounding
     mode any more than the kernels do."""
     @functools.wraps(op)
-    def guarded(*args, **kwargs):
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with _parallel.DefaultFloatingPoint():
             return op(*args, **kwargs)
     return guarded

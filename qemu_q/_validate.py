@@ -55,7 +55,7 @@ def cached_plan(plan_fn, key):
         raise
 
 
-def check_type(spec: OpSpec, opset: int, param: str, etype: ElementType) -> None:
+def check_type(spec: OpSpec, opset: int | None, param: str, etype: ElementType) -> None:
     allowed = spec.allowed_types(param)
     if etype.onnx_type in allowed:
         return

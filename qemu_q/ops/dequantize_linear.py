@@ -20,6 +20,7 @@ from .._params import check_zero_point_values, kernel_parameters
 from .._registry import register
 from .._rules import dequantize_output_type, label, multiplication_precision
 from .._threads import in_default_fp_environment, resolve_threads
+from .._typing import Array, Shape, TypeSpec
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
 )
@@ -55,7 +56,7 @@ class DequantizePlan:
 def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                     block_size, output_dtype, fast_kernels) -> DequantizePlan:
     # As quantize_plan: validated once per signature.
-    x, scale = ArraySpec.of_signature(x_signature), ArraySpec.of_signature(scale_signature)
+    x, scale = ArraySpec(*x_signature), ArraySpec(*scale_signature)
     zero_point = ArraySpec.of_signature(zp_signature)
     spec = get_spec("DequantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
@@ -91,7 +92,7 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         code_size=x_type.storage.itemsize, code_bits=x_type.bits,
         # Integer codes of 8 bits or fewer, and small floats, are decoded on their bits.
         integer_bits=x_type.bits if integer and x_type.bits <= 8 else 0,
-        integer_signed=integer and x_type.lo < 0,
+        integer_signed=integer and x_type.signed,
         small_float_id=x_type.small_float_id if x_type.kind == "small_float" else -1,
         signed16=x_type.name == "int16", out_format=out_type.value_format, fast=fast_kernels,
         # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there).
@@ -101,9 +102,11 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
 
 
 @in_default_fp_environment
-def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
-                      opset=None, out=None, packed=False, dtype=None, shape=None,
-                      n_threads=None) -> np.ndarray:
+def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | None = None, *,
+                      axis: int = 1, block_size: int = 0, output_dtype: TypeSpec | None = None,
+                      opset: int | None = None, out: np.ndarray | None = None,
+                      packed: bool = False, dtype: TypeSpec | None = None,
+                      shape: Shape | None = None, n_threads: int | None = None) -> np.ndarray:
     """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
 
     `opset` selects the version (None: 28). The output type is float32 (10, 13), the
@@ -120,22 +123,23 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     packed = _coerce.flag(packed, "packed")
     opset = normalize_opset(opset)
     raw = None
+    codes: np.ndarray | None
     if packed:
         x_type, x_shape, raw = packed_input(x, dtype, shape, zero_point,
                                             label(get_spec("DequantizeLinear", opset), opset))
         if x_type.packed:
-            x = None  # read from raw by the packed kernel
+            codes = None  # read from raw by the packed kernel
         elif LITTLE_ENDIAN:
-            x = raw.view(x_type.dtype).reshape(x_shape)  # whole-byte types: a view
+            codes = raw.view(x_type.dtype).reshape(x_shape)  # whole-byte types: a view
         else:
-            x = raw.view(x_type.dtype.newbyteorder("<")).astype(x_type.dtype).reshape(x_shape)
+            codes = raw.view(x_type.dtype.newbyteorder("<")).astype(x_type.dtype).reshape(x_shape)
         x_spec = (x_type.dtype, x_shape)
     else:
         if dtype is not None or shape is not None:
             where = label(get_spec("DequantizeLinear", opset), opset)
             raise TypeError(f"{where}: dtype= and shape= describe packed input; pass packed=True")
-        x = _coerce.as_array(x, "x")
-        x_spec = _signature(x)
+        codes = _coerce.as_array(x, "x")
+        x_spec = (codes.dtype, codes.shape)
     plan = cached_plan(dequantize_plan, (
         opset, x_spec, _signature(scale), _signature(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
@@ -146,7 +150,7 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     n_threads = resolve_threads(n_threads, size)
     # The output is checked before anything is converted or allocated.
     y = prepare_output(out, x_spec[1], out_type,
-                       [("x", x if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point)])
+                       [("x", codes if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point)])
     if size == 0:
         return y
     check_zero_point_values(zero_point, x_type, plan.label, "x_zero_point")
@@ -155,10 +159,10 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
                                zero_point_int=False)
     storage = y.reshape(-1).view(out_type.storage)
     written = kernel_output(storage)
-    if x is None:
+    if codes is None:
         _dispatch.run(Path.DEQUANTIZE_PACKED, raw, *params, written, config, n_threads)
     else:
-        _dispatch.run(Path.DEQUANTIZE, flat_storage(x, x_type), *params, written, config, n_threads)
+        _dispatch.run(Path.DEQUANTIZE, flat_storage(codes, x_type), *params, written, config, n_threads)
     finish_output(storage, written)
     return y
 

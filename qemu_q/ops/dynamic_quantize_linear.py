@@ -11,12 +11,13 @@ from .._dtypes import array_element_type
 from .._opspec import get_spec, normalize_opset
 from .._registry import register
 from .._threads import in_default_fp_environment, resolve_threads
+from .._typing import Array
 from .._validate import check_type
 from .quantize_linear import quantize_linear
 
 
 @in_default_fp_environment
-def dynamic_quantize_linear(x, *, opset=None):
+def dynamic_quantize_linear(x: Array, *, opset: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ONNX DynamicQuantizeLinear-11: (y uint8, y_scale float32 scalar, y_zero_point uint8 scalar).
 
     The range is [min(0, min x), max(0, max x)] over the non-NaN values; a zero range gives

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from .._rules import (
     division_precision, label, quantize_output_type, saturate_applies, shares_input_type,
 )
 from .._threads import in_default_fp_environment, resolve_threads
+from .._typing import Array, TypeSpec
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
 )
@@ -59,7 +61,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                   block_size, saturate, precision, output_dtype, nan, fast_kernels) -> QuantizePlan:
     # Everything that depends on types, shapes and attributes only, validated once per
     # signature: repeated calls (a model's layers, a sweep) skip straight to the kernel.
-    x, scale = ArraySpec.of_signature(x_signature), ArraySpec.of_signature(scale_signature)
+    x, scale = ArraySpec(*x_signature), ArraySpec(*scale_signature)
     zero_point = ArraySpec.of_signature(zp_signature)
     spec = get_spec("QuantizeLinear", opset)
     opset = spec.since_version if opset is None else opset
@@ -125,9 +127,12 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
 
 
 @in_default_fp_environment
-def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None,
-                    saturate=1, precision=0, opset=None, out=None, packed=False,
-                    n_threads=None, nan="spec") -> np.ndarray:
+def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None, *, axis: int = 1,
+                    block_size: int = 0, output_dtype: TypeSpec | None = None,
+                    saturate: int | bool = 1, precision: int = 0, opset: int | None = None,
+                    out: np.ndarray | None = None, packed: bool = False,
+                    n_threads: int | None = None,
+                    nan: Literal["spec", "canonical"] = "spec") -> np.ndarray:
     """ONNX QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point), bit-exact.
 
     `opset` selects the version (newest since-version <= opset; None: 28). Types follow
