@@ -110,7 +110,8 @@ def choose_qparams(x: np.ndarray, dtype: object = "int8", *, axis: int | None = 
     scale rounds to 0 in float32 gets the smallest positive float32, 2**-149.
 
     Round trip: for finite x in a group whose largest magnitude is at most 2**127 (beyond,
-    a dequantized value may overflow to inf), dequantize_linear(quantize_linear(x, scale,
+    a dequantized value may overflow to inf) and whose scale is a normal float32 (at least
+    2**-126: a subnormal scale has too few significant bits), dequantize_linear(quantize_linear(x, scale,
     zero_point)) differs from x by at most one scale for integer types (half a scale from
     rounding, up to half a scale from the rounded zero point at the range's ends), and for
     float types by at most 2**-(m+1) * |x| (m mantissa bits) or half the smallest
