@@ -48,6 +48,26 @@ cdef enum QuantizePath:
     PATH_F32_SMALL_FLOAT = 2  # float32 x, float32 division, 8-bit-stored small-float codes
 
 
+# What Cast reads and writes (pyx/_cast.pyx): the encoding of an element, and the loop
+# qemu_q/ops/cast.py picks once per plan.
+cdef enum CastKind:
+    CAST_FLOAT64 = 0
+    CAST_FLOAT32 = 1
+    CAST_FLOAT16 = 2
+    CAST_BFLOAT16 = 3
+    CAST_SMALL_FLOAT = 4  # float8, float4, float6 (one code per byte)
+    CAST_E8M0 = 5
+    CAST_SIGNED = 6       # two's complement, 2 to 64 bits (int4/int2 one per byte)
+    CAST_UNSIGNED = 7
+    CAST_BOOL = 8
+
+
+cdef enum CastPath:
+    CAST_PATH_GENERAL = 0
+    CAST_PATH_F32_SMALL_FLOAT = 1
+    CAST_PATH_F32_E8M0 = 2
+
+
 cdef enum SmallFloatId:
     SF_E4M3FN = 0
     SF_E4M3FNUZ = 1
@@ -66,7 +86,7 @@ cdef struct SmallFloatFormat:
     int bias
     double max_finite
     int max_code       # code of +max_finite
-    int nan_code       # canonical NaN code, -1 when the format has none
+    int nan_code       # the NaN code conversions write, -1 when the format has none
     int inf_code       # code of +inf, -1 when the format has none
     bint unsigned_zero # FNUZ: the negative-zero pattern is NaN, so -0 encodes as +0
 
@@ -76,6 +96,10 @@ cdef enum SmallFloatRule:
     # qemu_q/ops/quantize_linear.py sets from qemu_q/_opspec.py's CAST_FLOAT8_TABLES.
     SF_RULE_NAN_SIGN = 1      # "-NaN -> -NaN", "-Inf -> -NaN" (e4m3fn, e5m2); off: NaN is 0x7F
     SF_RULE_FNUZ_INF_NAN = 2  # Cast-19/21/23, saturate=1: FNUZ "Inf -> NaN", "-Inf -> NaN"
+    # Cast into a format without NaN (float4, float6): NaN gives the negative-zero code, as
+    # the official Cast vectors of opset 25 do; off: +max, as QuantizeLinear follows the
+    # ONNX float4 note (docs/semantics.md, "Cast").
+    SF_RULE_NAN_NEGATIVE_ZERO = 4
 
 
 # The codes of the values outside the finite range, decided once per call from the format,
@@ -95,9 +119,15 @@ cdef inline SmallFloatSpecials small_float_specials(const SmallFloatFormat* f, b
     cdef SmallFloatSpecials s
     # float4/float6: no inf or NaN codes; NaN gives +max (the ONNX float4 note).
     cdef bint no_specials = f.nan_code < 0 and f.inf_code < 0
+    cdef bint signed_nan = not no_specials and not f.unsigned_zero  # e4m3fn, e5m2
     s.nan_code = f.max_code if no_specials else f.nan_code
-    # The FNUZ NaN 0x80 has no sign to keep.
-    s.nan_sign = -1 if (rules & SF_RULE_NAN_SIGN) and not no_specials and not f.unsigned_zero else 0
+    if no_specials and (rules & SF_RULE_NAN_NEGATIVE_ZERO):
+        s.nan_code = 1 << (f.width - 1)
+    # The FNUZ NaN 0x80 has no sign to keep. Without the signed-NaN rows, the one NaN
+    # code NVIDIA's conversions write: 0x7F, e5m2 included.
+    s.nan_sign = -1 if (rules & SF_RULE_NAN_SIGN) and signed_nan else 0
+    if signed_nan and not (rules & SF_RULE_NAN_SIGN):
+        s.nan_code = 0x7F
     if saturate or no_specials:
         s.overflow_code = f.max_code
         s.overflow_sign = -1
@@ -105,10 +135,10 @@ cdef inline SmallFloatSpecials small_float_specials(const SmallFloatFormat* f, b
         s.overflow_code = f.inf_code
         s.overflow_sign = -1
     else:
-        # "[x] > FLT_MAX -> NaN" and "[x] < -FLT_MAX -> NaN": the saturate=0 table writes
-        # NaN, not -NaN, for both signs (it writes -NaN in the rows where it means one).
-        s.overflow_code = f.nan_code
-        s.overflow_sign = 0
+        # "[x] > FLT_MAX -> NaN" and "[x] < -FLT_MAX -> NaN": a NaN with the sign of x
+        # (e4m3fn), as the official Cast vectors of opset 25 have it (docs/semantics.md).
+        s.overflow_code = s.nan_code
+        s.overflow_sign = s.nan_sign
     # +-Inf: as an overflow, but for the rows that say NaN where an overflow does not.
     s.inf_code = s.overflow_code
     s.inf_sign = s.overflow_sign
@@ -132,7 +162,9 @@ cdef inline SmallFloatFormat small_float_format(int fmt_id) noexcept nogil:
         f.max_code = 0x7F; f.nan_code = 0x80; f.inf_code = -1; f.unsigned_zero = True
     elif fmt_id == SF_E5M2:
         f.width = 8; f.mantissa_bits = 2; f.bias = 15; f.max_finite = 57344.0
-        f.max_code = 0x7B; f.nan_code = 0x7F; f.inf_code = 0x7C; f.unsigned_zero = False
+        # 0x7E: the quiet NaN of a binary format with two mantissa bits (float16's 0x7E00
+        # cut to 8 bits), as IEEE conversions and the official Cast vectors give it.
+        f.max_code = 0x7B; f.nan_code = 0x7E; f.inf_code = 0x7C; f.unsigned_zero = False
     elif fmt_id == SF_E5M2FNUZ:
         f.width = 8; f.mantissa_bits = 2; f.bias = 16; f.max_finite = 57344.0
         f.max_code = 0x7F; f.nan_code = 0x80; f.inf_code = -1; f.unsigned_zero = True
@@ -460,3 +492,89 @@ cdef inline float decode_small_float32(uint32_t stored, const SmallFloat32Decode
     bits = bits | <int32_t>sign
     bits = select_i32(code == d.nan_code, <int32_t>0xFFC00000, bits)
     return bits_float(<uint32_t>bits)
+
+
+# float8e8m0 (Cast-24+ and the scales of QuantizeLinear/DequantizeLinear-24+): the value
+# 2**(code - 127), 0xFF is NaN; no zero, no sign.
+cdef enum E8M0RoundMode:
+    E8M0_UP = 0       # toward the next power of two (Cast's default "up")
+    E8M0_DOWN = 1     # toward zero
+    E8M0_NEAREST = 2  # to the nearer power of two, the midpoint 1.5 * 2**k going up
+
+
+cdef inline int encode_e8m0(float v, int round_mode, bint saturate) noexcept nogil:
+    # Cast's float8e8m0 table applied to x itself ("x > E8M0_MAX", "x < E8M0_MIN"), for
+    # every round_mode: out-of-range inputs saturate to the nearer end or give NaN, and
+    # every value at or below zero counts as below E8M0_MIN (docs/semantics.md, "Cast").
+    # Inside [2**-127, 2**127] both neighbouring powers of two are codes, so rounding
+    # cannot leave the range.
+    cdef uint32_t u = float_bits(v)
+    cdef uint32_t mantissa
+    cdef int exponent
+    if v != v:
+        return 0xFF
+    if (u >> 31) != 0 or u < 0x00400000:  # -0, negatives, and [0, 2**-127)
+        return 0x00 if saturate else 0xFF
+    if u > 0x7F000000:  # above 2**127, +inf included
+        return 0xFE if saturate else 0xFF
+    if u >= 0x00800000:
+        exponent = <int>(u >> 23) - 127
+        mantissa = u & 0x7FFFFF
+    else:  # [2**-127, 2**-126): a float32 subnormal whose leading bit is bit 22
+        exponent = -127
+        mantissa = (u << 1) & 0x7FFFFF
+    if round_mode == E8M0_UP:
+        exponent += mantissa != 0
+    elif round_mode == E8M0_NEAREST:
+        exponent += mantissa >= 0x400000
+    return exponent + 127
+
+
+cdef inline float decode_e8m0(uint32_t code) noexcept nogil:
+    code &= 0xFF
+    if code == 0xFF:
+        return bits_float(0x7FC00000)
+    # code 0 is 2**-127, a float32 subnormal; the others are normal exponents.
+    return bits_float(code << 23 if code != 0 else 0x00400000)
+
+
+# Round-to-odd intermediates: a value rounded to odd at p bits and then rounded (any
+# IEEE-style rule) to at most p - 2 bits gives the same result as rounding the exact value
+# once (Boldo and Melquiond, "When double rounding is odd", 2005). Cast uses them so that
+# float64 and 64-bit integers reach every narrow format with a single rounding, through
+# the float32 encoders (float16 has 11 significant bits, bfloat16 8, the small floats
+# at most 4: all <= 24 - 2).
+cdef inline float double_to_float_odd(double v) noexcept nogil:
+    # v truncated toward zero to float32, with the last bit set when that was inexact.
+    # Beyond FLT_MAX this gives FLT_MAX (odd), which every narrower format still sees as
+    # an overflow; inf and NaN pass through with their sign.
+    cdef float f = <float>v
+    cdef uint32_t b
+    if f != f or <double>f == v:
+        return f
+    b = float_bits(f)
+    if fabs(<double>f) > fabs(v):
+        b -= 1  # one step toward zero: the magnitude is the low 31 bits
+    return bits_float(b | 1)
+
+
+cdef inline double uint64_to_double_odd(uint64_t m) noexcept nogil:
+    # m rounded to odd at 53 bits (exact below 2**53).
+    cdef int shift = 0
+    cdef uint64_t kept
+    if m <= (<uint64_t>1 << 53):
+        return <double>m
+    while (m >> shift) >= (<uint64_t>1 << 53):
+        shift += 1
+    kept = m >> shift
+    if m & ((<uint64_t>1 << shift) - 1):
+        kept |= 1
+    return <double>kept * pow2(shift)
+
+
+cdef inline double int64_to_double_odd(int64_t v) noexcept nogil:
+    cdef uint64_t magnitude
+    if v >= 0:
+        return uint64_to_double_odd(<uint64_t>v)
+    magnitude = (~<uint64_t>v) + 1  # |v|, INT64_MIN included
+    return -uint64_to_double_odd(magnitude)

@@ -8,7 +8,7 @@ from . import _build_config
 from ._dtypes import ELEMENT_TYPES, ElementType, element_type
 from ._opspec import NEWEST_OPSET, OP_VERSIONS, FormalParameter, OpSpec, get_spec
 from ._pack import pack, unpack
-from .ops import dequantize_linear, dynamic_quantize_linear, quantize_linear
+from .ops import cast, cast_like, dequantize_linear, dynamic_quantize_linear, quantize_linear
 from ._parallel import openmp_compiled as _openmp_compiled
 from ._onnx_plugin import onnx_ops
 from ._registry import run_op
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ELEMENT_TYPES", "ElementType", "FormalParameter", "MAX_THREADS", "NEWEST_OPSET", "OP_VERSIONS", "OpSpec",
-    "choose_qparams", "dequantize_linear", "dynamic_quantize_linear", "element_type",
+    "cast", "cast_like", "choose_qparams", "dequantize_linear", "dynamic_quantize_linear", "element_type",
     "get_num_threads", "get_spec", "onnx_ops", "openmp_enabled", "pack", "quantize_linear",
     "run_op", "set_num_threads", "unpack", "VerifyReport", "verify",
     "__version__",

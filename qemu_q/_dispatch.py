@@ -20,6 +20,7 @@ class Path(Enum):
     DEQUANTIZE_PACKED = "dequantize_packed"  # sub-byte raw_data, unpacked on the fly
     PACK = "pack"
     UNPACK = "unpack"
+    CAST = "cast"
 
 
 # path -> (kernel family in qemu_q._kernels.KernelSet, or None for the level-independent
@@ -31,6 +32,7 @@ KERNEL_ENTRIES = {
     Path.DEQUANTIZE_PACKED: ("dequantize", "dequantize_packed"),
     Path.PACK: (None, "pack"),
     Path.UNPACK: (None, "unpack"),
+    Path.CAST: ("cast", "cast"),
 }
 
 # False forces the kernels' general scalar paths (the tests compare both); read when a

@@ -31,6 +31,16 @@ PER_TENSOR, PER_AXIS, BLOCKED = ENUMS["PER_TENSOR"], ENUMS["PER_AXIS"], ENUMS["B
 PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT = (
     ENUMS["PATH_GENERAL"], ENUMS["PATH_F32_INTEGER"], ENUMS["PATH_F32_SMALL_FLOAT"])
 SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN = ENUMS["SF_RULE_NAN_SIGN"], ENUMS["SF_RULE_FNUZ_INF_NAN"]
+SF_RULE_NAN_NEGATIVE_ZERO = ENUMS["SF_RULE_NAN_NEGATIVE_ZERO"]
+(CAST_FLOAT64, CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16, CAST_SMALL_FLOAT, CAST_E8M0,
+ CAST_SIGNED, CAST_UNSIGNED, CAST_BOOL) = (
+    ENUMS[f"CAST_{k}"] for k in ("FLOAT64", "FLOAT32", "FLOAT16", "BFLOAT16", "SMALL_FLOAT",
+                                 "E8M0", "SIGNED", "UNSIGNED", "BOOL"))
+CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_F32_E8M0 = (
+    ENUMS["CAST_PATH_GENERAL"], ENUMS["CAST_PATH_F32_SMALL_FLOAT"], ENUMS["CAST_PATH_F32_E8M0"])
+# Cast's round_mode values, indexed by the kernels' E8M0RoundMode.
+E8M0_ROUND_MODES = tuple(
+    name for _, name in sorted((ENUMS[f"E8M0_{n.upper()}"], n) for n in ("up", "down", "nearest")))
 
 
 @dataclass(frozen=True)
@@ -39,7 +49,9 @@ class ElementType:
     onnx_id: int  # TensorProto.DataType
     dtype: np.dtype  # what arrays of this type are in numpy (ml_dtypes where needed)
     storage: np.dtype  # the plain dtype the kernels see
-    kind: str  # "integer", "small_float", "value" (float32/16/bf16), "scale_only" (e8m0)
+    # "integer", "small_float", "value" (float32/16/bf16), "scale_only" (e8m0); Cast's
+    # other types: "float64", "bool"
+    kind: str
     bits: int  # bits per element in ONNX storage
     lo: int | float | None = None  # integer range
     hi: int | float | None = None
@@ -110,6 +122,12 @@ ELEMENT_TYPES: dict[str, ElementType] = {
                     -(2**31), 2**31 - 1, value_format=FMT_INT32),
         ElementType("float8e8m0", 24, np.dtype(ml_dtypes.float8_e8m0fnu), np.dtype(np.uint8),
                     "scale_only", 8),
+        # Types only Cast and CastLike take (besides int32 above).
+        _integer("int64", 7, np.int64, np.uint64, 64, -(2**63), 2**63 - 1),
+        _integer("uint32", 12, np.uint32, np.uint32, 32, 0, 2**32 - 1),
+        _integer("uint64", 13, np.uint64, np.uint64, 64, 0, 2**64 - 1),
+        ElementType("double", 11, np.dtype(np.float64), np.dtype(np.float64), "float64", 64),
+        ElementType("bool", 9, np.dtype(np.bool_), np.dtype(np.uint8), "bool", 8),
     )
 }
 
@@ -118,7 +136,8 @@ _BY_DTYPE = {t.dtype: t for t in ELEMENT_TYPES.values()}
 
 # Other spellings users write: ml_dtypes / numpy names and common abbreviations.
 _ALIASES = {
-    "float32": "float", "f32": "float", "fp32": "float", "f16": "float16", "fp16": "float16",
+    "float32": "float", "f32": "float", "fp32": "float", "float64": "double", "f64": "double",
+    "fp64": "double", "f16": "float16", "fp16": "float16",
     "half": "float16", "bf16": "bfloat16",
     "float8_e4m3fn": "float8e4m3fn", "float8_e4m3fnuz": "float8e4m3fnuz",
     "float8_e5m2": "float8e5m2", "float8_e5m2fnuz": "float8e5m2fnuz",

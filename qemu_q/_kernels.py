@@ -28,6 +28,7 @@ class KernelSet:
     level: str
     quantize: ModuleType
     dequantize: ModuleType
+    cast: ModuleType
 
 
 def _suffix(level: str) -> str:
@@ -53,6 +54,7 @@ def load(level: str) -> KernelSet:
         level,
         importlib.import_module(f"qemu_q._quantize{suffix}"),
         importlib.import_module(f"qemu_q._dequantize{suffix}"),
+        importlib.import_module(f"qemu_q._cast{suffix}"),
     )
 
 

@@ -1,4 +1,5 @@
-"""Signatures of every QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear version.
+"""Signatures of every version of the ops qemu_q implements (QuantizeLinear,
+DequantizeLinear, DynamicQuantizeLinear, Cast, CastLike).
 
 The table is copied by hand from the ONNX operator schemas (onnx 1.23, opset 28) so that the
 core imports without onnx; tests/test_opspec.py checks every field against onnx.defs.
@@ -30,7 +31,7 @@ class OpSpec:
     since_version: int
     inputs: tuple[FormalParameter, ...]
     outputs: tuple[FormalParameter, ...]
-    attributes: Mapping[str, int | None]
+    attributes: Mapping[str, int | str | None]
     type_constraints: Mapping[str, frozenset[str]]
     granularities: frozenset[str]
     division_precision: str | None
@@ -280,11 +281,80 @@ _DYNAMIC_QUANTIZE_LINEAR = (
     ),
 )
 
+# Cast's types by the version that added them (from 13 on every T1 and T2 are the same set).
+_CAST_ADDED = {
+    1: frozenset(f"tensor({t})" for t in (
+        "bool", "double", "float", "float16", "int16", "int32", "int64", "int8", "uint16",
+        "uint32", "uint64", "uint8")),
+    9: frozenset(("tensor(string)",)),
+    13: frozenset(("tensor(bfloat16)",)),
+    19: FLOAT8_TYPES,
+    21: frozenset(("tensor(int4)", "tensor(uint4)")),
+    23: frozenset(("tensor(float4e2m1)",)),
+    24: _E8M0,
+    25: frozenset(("tensor(int2)", "tensor(uint2)")),
+    28: frozenset(("tensor(float6e2m3)", "tensor(float6e3m2)")),
+}
+
+
+def _cast_types(version: int) -> frozenset[str]:
+    return frozenset().union(*(types for since, types in _CAST_ADDED.items() if since <= version))
+
+
+def _cast_attributes(version: int) -> dict[str, int | str | None]:
+    attributes: dict[str, int | str | None] = {}
+    if version >= 19:
+        attributes["saturate"] = 1
+    if version >= 24:
+        attributes["round_mode"] = "up"
+    return attributes
+
+
+def _cast(version: int) -> OpSpec:
+    types = _cast_types(version)
+    return OpSpec(
+        op_type="Cast",
+        since_version=version,
+        inputs=_params(("input", "T1")),
+        outputs=_params(("output", "T2")),
+        attributes=MappingProxyType({**_cast_attributes(version), "to": None}),
+        type_constraints=MappingProxyType({"T1": types, "T2": types}),
+        granularities=frozenset(),
+        division_precision=None,
+        multiplication_precision=None,
+        output_type_rule="to",
+        saturate_types=(FLOAT8_TYPES | _E8M0) if version >= 19 else frozenset(),
+    )
+
+
+def _cast_like(version: int) -> OpSpec:
+    # CastLike-N has Cast-N's types (15 has Cast-13's); there is no CastLike-28.
+    types = _cast_types(version)
+    return OpSpec(
+        op_type="CastLike",
+        since_version=version,
+        inputs=_params(("input", "T1"), ("target_type", "T2")),
+        outputs=_params(("output", "T2")),
+        attributes=MappingProxyType(_cast_attributes(version)),
+        type_constraints=MappingProxyType({"T1": types, "T2": types}),
+        granularities=frozenset(),
+        division_precision=None,
+        multiplication_precision=None,
+        output_type_rule="target_type",
+        saturate_types=(FLOAT8_TYPES | _E8M0) if version >= 19 else frozenset(),
+    )
+
+
+_CAST = tuple(_cast(v) for v in (1, 6, 9, 13, 19, 21, 23, 24, 25, 28))
+_CAST_LIKE = tuple(_cast_like(v) for v in (15, 19, 21, 23, 24, 25))
+
 # op_type -> specs in increasing since-version
 _SPECS: dict[str, tuple[OpSpec, ...]] = {
     "QuantizeLinear": _QUANTIZE_LINEAR,
     "DequantizeLinear": _DEQUANTIZE_LINEAR,
     "DynamicQuantizeLinear": _DYNAMIC_QUANTIZE_LINEAR,
+    "Cast": _CAST,
+    "CastLike": _CAST_LIKE,
 }
 
 # Short names the command line and golden selections accept for each op (any case).
@@ -292,6 +362,8 @@ OP_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "QuantizeLinear": ("q", "quantize"),
     "DequantizeLinear": ("dq", "dequantize"),
     "DynamicQuantizeLinear": ("dynamic",),
+    "Cast": ("cast",),
+    "CastLike": ("castlike", "cast_like"),
 })
 
 # QuantizeLinear-23+ `precision` attribute: ONNX data-type ints of the division's precision

@@ -95,6 +95,21 @@ def multiplication_precision(spec: OpSpec, output_dtype: ElementType | None,
     return _dequantize_type(spec.multiplication_precision, output_dtype, scale_type)
 
 
+def cast_output_type(spec: OpSpec, to: ElementType | None,
+                     target_type: ElementType | None) -> ElementType:
+    """Cast's output is the `to` attribute's type; CastLike's the target_type input's."""
+    rule = spec.output_type_rule
+    if rule == "to":
+        chosen = to
+    elif rule == "target_type":
+        chosen = target_type
+    else:
+        raise AssertionError(f"unknown Cast output_type_rule {rule!r}")
+    if chosen is None:
+        raise AssertionError(f"{spec.op_type}: the {rule} that names the output type is missing")
+    return chosen
+
+
 def saturate_applies(spec: OpSpec, out_type: ElementType) -> bool:
     """Whether `saturate` is read for this output type (the float8 types from 19 on)."""
     return out_type.onnx_type in spec.saturate_types

@@ -1,4 +1,5 @@
-"""Every official ONNX backend node test of the quantization family, through run_op, bit-exact."""
+"""Every official ONNX backend node test of the quantization family and of Cast/CastLike,
+through run_op, bit-exact."""
 
 import pathlib
 
@@ -12,6 +13,8 @@ from onnx import numpy_helper  # noqa: E402
 
 NODE_TESTS = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "onnx-node-tests"
 CASES = sorted(p.name for p in NODE_TESTS.iterdir() if p.is_dir()) if NODE_TESTS.is_dir() else []
+CAST_TESTS = NODE_TESTS.parent / "onnx-node-tests-cast"
+CAST_CASES = sorted(p.name for p in CAST_TESTS.iterdir() if p.is_dir()) if CAST_TESTS.is_dir() else []
 
 
 def test_node_tests_present(shared_dir):
@@ -24,8 +27,13 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint8)
 
 
-def _load_case(name):
-    folder = NODE_TESTS / name
+def test_cast_node_tests_present(shared_dir):
+    folders = sorted(p.name for p in (shared_dir / "onnx-node-tests-cast").iterdir() if p.is_dir())
+    assert len(folders) == 116, f"expected the 116 folders of ../shared/onnx-node-tests-cast, found {len(folders)}"
+
+
+def _load_case(name, root=NODE_TESTS):
+    folder = root / name
     model = onnx.load(str(folder / "model.onnx"))
     data = folder / "test_data_set_0"
     inputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("input_*.pb"))]
@@ -57,6 +65,20 @@ def test_node_case(name):
     else:
         assert len(model.graph.node) == 1
         got = _run_graph(model, inputs, opset)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype, (g.dtype, e.dtype)
+        assert g.shape == e.shape, (g.shape, e.shape)
+        np.testing.assert_array_equal(_bits(g), _bits(e))
+
+
+@pytest.mark.parametrize("name", CAST_CASES)
+def test_cast_node_case(name):
+    # Every folder, float4e2m1 NaN included: the Cast rules follow these vectors where the
+    # Cast text is silent (docs/semantics.md, "Cast").
+    model, inputs, expected, opset = _load_case(name, CAST_TESTS)
+    assert len(model.graph.node) == 1 and model.graph.node[0].op_type in ("Cast", "CastLike")
+    got = _run_graph(model, inputs, opset)
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         assert g.dtype == e.dtype, (g.dtype, e.dtype)

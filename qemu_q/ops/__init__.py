@@ -1,8 +1,9 @@
 """The op families. Each module holds one family's plans (validated once per signature and
 cached), its public functions and its run_op adapters (qemu_q._registry.register)."""
 
+from .cast import cast, cast_like
 from .dequantize_linear import dequantize_linear
 from .dynamic_quantize_linear import dynamic_quantize_linear
 from .quantize_linear import quantize_linear
 
-__all__ = ["dequantize_linear", "dynamic_quantize_linear", "quantize_linear"]
+__all__ = ["cast", "cast_like", "dequantize_linear", "dynamic_quantize_linear", "quantize_linear"]

@@ -1,0 +1,278 @@
+# Cast kernels: every numeric ONNX type into every other, element by element, with the
+# rules of docs/semantics.md ("Cast"). The Python layer (qemu_q/ops/cast.py) resolves the
+# version, validates and hands over contiguous arrays as raw bytes (one element per byte
+# for the sub-byte types, as ml_dtypes stores them) and one CastConfig.
+#
+# The general path decodes each element to a double (exact for every type but the 64-bit
+# integers, which are rounded to odd) or to a 64-bit integer, then encodes it; float32 into
+# a small float or float8e8m0, the hot cases, have their own loops over the same codecs.
+
+cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
+from libc.math cimport trunc, isnan, isinf, fabs
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+
+from _tasks cimport run_tasks
+from _codecs cimport (
+    CAST_FLOAT64, CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16, CAST_SMALL_FLOAT, CAST_E8M0,
+    CAST_SIGNED, CAST_UNSIGNED, CAST_BOOL, CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT,
+    CAST_PATH_F32_E8M0, SF_COUNT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
+    SF_RULE_NAN_NEGATIVE_ZERO, E8M0_UP, E8M0_NEAREST,
+    SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
+    SmallFloat32Decoder, small_float32_decoder, decode_small_float32,
+    encode_e8m0, decode_e8m0, double_to_float_odd, uint64_to_double_odd, int64_to_double_odd,
+    float_bits, bits_float, double_bits, bits_double, float16_to_float, bfloat16_to_float,
+    round_half_even, round_to_float16_value, round_to_bfloat16_value, float_to_float16_bits,
+    float_to_bfloat16_bits,
+)
+from _memory cimport check_aligned
+
+cdef enum:
+    # Elements per task: large enough that scheduling is noise, small enough to balance.
+    CAST_CHUNK = 32768
+
+
+cdef struct CastPlan:
+    int path
+    int source_kind
+    int source_bytes
+    int source_bits
+    int target_kind
+    int target_bytes
+    int target_bits
+    uint64_t target_mask
+    int round_mode
+    bint saturate
+    # integer targets of 8 bits and more: the saturation bounds of a truncated float
+    int64_t int_lo
+    uint64_t int_hi
+    double float_lo     # the type's minimum, exactly
+    double float_above  # its maximum + 1, a power of two
+    SmallFloat32Decoder decoder
+    SmallFloat32Encoder encoder
+
+
+cdef struct CastWork:
+    const uint8_t* x
+    uint8_t* y
+    Py_ssize_t n
+    CastPlan plan
+
+
+cdef inline uint64_t load(const uint8_t* base, Py_ssize_t i, int nbytes) noexcept nogil:
+    if nbytes == 1:
+        return base[i]
+    if nbytes == 2:
+        return (<const uint16_t*>base)[i]
+    if nbytes == 4:
+        return (<const uint32_t*>base)[i]
+    return (<const uint64_t*>base)[i]
+
+
+cdef inline void store(uint8_t* base, Py_ssize_t i, int nbytes, uint64_t v) noexcept nogil:
+    if nbytes == 1:
+        base[i] = <uint8_t>v
+    elif nbytes == 2:
+        (<uint16_t*>base)[i] = <uint16_t>v
+    elif nbytes == 4:
+        (<uint32_t*>base)[i] = <uint32_t>v
+    else:
+        (<uint64_t*>base)[i] = v
+
+
+cdef inline uint64_t float_to_integer(double v, const CastPlan* p) noexcept nogil:
+    cdef double r
+    if p.target_bits < 8:
+        # int4/uint4/int2/uint2: round half to even, then keep the low bits (the ONNX
+        # int4/int2 notes: "rounding to the nearest-even integer and truncating"). NaN and
+        # +-inf have no low bits: 0. A double of 2**63 or more is a multiple of 2**11.
+        if isnan(v) or isinf(v):
+            return 0
+        r = round_half_even(v)
+        if fabs(r) >= 9223372036854775808.0:
+            return 0
+        return (<uint64_t><int64_t>r) & p.target_mask
+    # 8 bits and more: truncate toward zero, saturate, NaN -> 0 (spec: "undefined if OOR").
+    if v != v:
+        return 0
+    r = trunc(v)
+    if r >= p.float_above:
+        return p.int_hi & p.target_mask
+    if r < p.float_lo:
+        return (<uint64_t>p.int_lo) & p.target_mask
+    if r >= 9223372036854775808.0:  # uint64 above INT64_MAX
+        return <uint64_t>r
+    return (<uint64_t><int64_t>r) & p.target_mask
+
+
+cdef inline uint64_t encode_value(double v, const CastPlan* p) noexcept nogil:
+    # v is the exact input value, or (64-bit integer inputs) the input rounded to odd.
+    cdef int k = p.target_kind
+    if k == CAST_FLOAT32:
+        return float_bits(<float>v)
+    if k == CAST_FLOAT16:
+        return float_to_float16_bits(round_to_float16_value(v, 0.0))
+    if k == CAST_BFLOAT16:
+        return float_to_bfloat16_bits(round_to_bfloat16_value(v, 0.0))
+    if k == CAST_SMALL_FLOAT:
+        return <uint64_t>encode_small_float32(double_to_float_odd(v), &p.encoder)
+    if k == CAST_E8M0:
+        return <uint64_t>encode_e8m0(double_to_float_odd(v), p.round_mode, p.saturate)
+    if k == CAST_BOOL:
+        return v != 0.0  # NaN is true, +-0 false
+    if k == CAST_FLOAT64:
+        return double_bits(v)
+    return float_to_integer(v, p)
+
+
+cdef inline uint64_t encode_integer_value(uint64_t bits, bint unsigned_source, const CastPlan* p) noexcept nogil:
+    # bits: the input integer in two's complement (read as unsigned when unsigned_source).
+    cdef int k = p.target_kind
+    if k == CAST_SIGNED or k == CAST_UNSIGNED:
+        return bits & p.target_mask  # "discard higher bits and reinterpret"
+    if k == CAST_BOOL:
+        return bits != 0
+    if k == CAST_FLOAT64:
+        # one IEEE conversion, rounded to nearest even
+        if unsigned_source:
+            return double_bits(<double>bits)
+        return double_bits(<double><int64_t>bits)
+    if unsigned_source:
+        return encode_value(uint64_to_double_odd(bits), p)
+    return encode_value(int64_to_double_odd(<int64_t>bits), p)
+
+
+cdef inline uint64_t convert(uint64_t raw, const CastPlan* p) noexcept nogil:
+    cdef int k = p.source_kind
+    cdef int shift
+    if k == CAST_SIGNED:
+        shift = 64 - p.source_bits  # sign-extend the stored bits (int4 -1 may be 0x0F or 0xFF)
+        return encode_integer_value(<uint64_t>((<int64_t>(raw << shift)) >> shift), False, p)
+    if k == CAST_UNSIGNED:
+        return encode_integer_value(raw & ((<uint64_t>1 << p.source_bits) - 1) if p.source_bits < 64 else raw, True, p)
+    if k == CAST_BOOL:
+        return encode_integer_value(raw != 0, True, p)
+    if k == CAST_FLOAT64:
+        return encode_value(bits_double(raw), p)
+    if k == CAST_FLOAT32:
+        return encode_value(bits_float(<uint32_t>raw), p)
+    if k == CAST_FLOAT16:
+        return encode_value(float16_to_float(<uint16_t>raw), p)
+    if k == CAST_BFLOAT16:
+        return encode_value(bfloat16_to_float(<uint16_t>raw), p)
+    if k == CAST_SMALL_FLOAT:
+        return encode_value(decode_small_float32(<uint32_t>raw, &p.decoder), p)
+    return encode_value(decode_e8m0(<uint32_t>raw), p)
+
+
+cdef void cast_task(const void* work, Py_ssize_t task) noexcept nogil:
+    cdef const CastWork* w = <const CastWork*>work
+    cdef const CastPlan* p = &w.plan
+    cdef Py_ssize_t start = task * CAST_CHUNK
+    cdef Py_ssize_t stop = min(start + CAST_CHUNK, w.n)
+    cdef Py_ssize_t i
+    cdef const float* x32 = <const float*>w.x
+    cdef SmallFloat32Encoder encoder
+    cdef int round_mode
+    cdef bint saturate
+    if p.path == CAST_PATH_F32_SMALL_FLOAT:
+        encoder = p.encoder  # a local copy: loop invariants the compiler can keep in registers
+        for i in range(start, stop):
+            w.y[i] = <uint8_t>encode_small_float32(x32[i], &encoder)
+    elif p.path == CAST_PATH_F32_E8M0:
+        round_mode = p.round_mode
+        saturate = p.saturate
+        for i in range(start, stop):
+            w.y[i] = <uint8_t>encode_e8m0(x32[i], round_mode, saturate)
+    else:
+        for i in range(start, stop):
+            store(w.y, i, p.target_bytes, convert(load(w.x, i, p.source_bytes), p))
+
+
+_KINDS = {
+    "float64": CAST_FLOAT64, "float32": CAST_FLOAT32, "float16": CAST_FLOAT16,
+    "bfloat16": CAST_BFLOAT16, "small_float": CAST_SMALL_FLOAT, "e8m0": CAST_E8M0,
+    "signed": CAST_SIGNED, "unsigned": CAST_UNSIGNED, "bool": CAST_BOOL,
+}
+_FLOAT_BYTES = {CAST_FLOAT64: 8, CAST_FLOAT32: 4, CAST_FLOAT16: 2, CAST_BFLOAT16: 2,
+                CAST_SMALL_FLOAT: 1, CAST_E8M0: 1, CAST_BOOL: 1}
+
+
+cdef class CastConfig:
+    """One Cast plan, as qemu_q/ops/cast.py decides it; every field is checked here."""
+    cdef CastPlan plan
+
+    def __init__(self, *, int path, int source_kind, int source_bits, int source_format,
+                 int target_kind, int target_bits, int target_format, int round_mode,
+                 bint saturate, int small_float_rules):
+        if path not in (CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_F32_E8M0):
+            raise ValueError(f"CastConfig: unknown path {path}")
+        for name, kind, bits, fmt in (("source", source_kind, source_bits, source_format),
+                                      ("target", target_kind, target_bits, target_format)):
+            if kind not in _KINDS.values():
+                raise ValueError(f"CastConfig: unknown {name}_kind {kind}")
+            if kind in (CAST_SIGNED, CAST_UNSIGNED):
+                if bits not in (2, 4, 8, 16, 32, 64):
+                    raise ValueError(f"CastConfig: {name}_bits={bits}; allowed 2, 4, 8, 16, 32, 64")
+            elif kind == CAST_SMALL_FLOAT and not 0 <= fmt < SF_COUNT:
+                raise ValueError(f"CastConfig: {name}_format={fmt} is not a small-float format")
+        if round_mode not in (E8M0_UP, 1, E8M0_NEAREST):
+            raise ValueError(f"CastConfig: unknown round_mode {round_mode}")
+        if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN | SF_RULE_NAN_NEGATIVE_ZERO):
+            raise ValueError(f"CastConfig: unknown small_float_rules bits {small_float_rules:#x}")
+        if path == CAST_PATH_F32_SMALL_FLOAT and not (source_kind == CAST_FLOAT32 and target_kind == CAST_SMALL_FLOAT):
+            raise ValueError("CastConfig: the float32 small-float path needs float32 into a small float")
+        if path == CAST_PATH_F32_E8M0 and not (source_kind == CAST_FLOAT32 and target_kind == CAST_E8M0):
+            raise ValueError("CastConfig: the float32 e8m0 path needs float32 into float8e8m0")
+        p = &self.plan
+        p.path = path
+        p.source_kind = source_kind
+        p.source_bits = source_bits
+        p.source_bytes = max(1, source_bits // 8) if source_kind in (CAST_SIGNED, CAST_UNSIGNED) else _FLOAT_BYTES[source_kind]
+        p.target_kind = target_kind
+        p.target_bits = target_bits
+        p.target_bytes = max(1, target_bits // 8) if target_kind in (CAST_SIGNED, CAST_UNSIGNED) else _FLOAT_BYTES[target_kind]
+        p.target_mask = ((<uint64_t>1 << target_bits) - 1) if 0 < target_bits < 64 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        p.round_mode = round_mode
+        p.saturate = saturate
+        if target_kind == CAST_SIGNED:
+            p.int_lo = -(<int64_t>1 << (target_bits - 1)) if target_bits < 64 else <int64_t>(-9223372036854775807 - 1)
+            p.int_hi = (<uint64_t>1 << (target_bits - 1)) - 1
+            p.float_lo = -(2.0 ** (target_bits - 1))
+            p.float_above = 2.0 ** (target_bits - 1)
+        else:
+            p.int_lo = 0
+            p.int_hi = p.target_mask
+            p.float_lo = 0.0
+            p.float_above = 2.0 ** target_bits
+        p.decoder = small_float32_decoder(source_format if source_kind == CAST_SMALL_FLOAT else 0)
+        p.encoder = small_float32_encoder(target_format if target_kind == CAST_SMALL_FLOAT else 0,
+                                          saturate, small_float_rules)
+
+    @property
+    def source_bytes(self):
+        return self.plan.source_bytes
+
+    @property
+    def target_bytes(self):
+        return self.plan.target_bytes
+
+
+def cast(const uint8_t[::1] x, uint8_t[::1] y, CastConfig config, int n_threads):
+    """y = Cast(x) on raw element bytes (one element per byte for sub-byte types)."""
+    cdef CastWork work
+    cdef Py_ssize_t n
+    work.plan = config.plan
+    if x.shape[0] % work.plan.source_bytes or y.shape[0] % work.plan.target_bytes:
+        raise ValueError("cast: x and y must hold whole elements of the configured types")
+    n = x.shape[0] // work.plan.source_bytes
+    if y.shape[0] // work.plan.target_bytes != n:
+        raise ValueError(f"cast: x has {n} elements, y {y.shape[0] // work.plan.target_bytes}")
+    if n == 0:
+        return
+    check_aligned(&x[0], work.plan.source_bytes, "x")
+    check_aligned(&y[0], work.plan.target_bytes, "y")
+    work.x = &x[0]
+    work.y = &y[0]
+    work.n = n
+    with nogil:
+        run_tasks(cast_task, &work, (n + CAST_CHUNK - 1) // CAST_CHUNK, n_threads)

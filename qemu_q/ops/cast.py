@@ -1,0 +1,196 @@
+"""Cast (1, 6, 9, 13, 19, 21, 23, 24, 25, 28) and CastLike (15, 19, 21, 23, 24, 25): every
+numeric type into every other, with the conversion tables of the resolved version.
+
+The rules, row by row, are in docs/semantics.md ("Cast"); the kernels in pyx/_cast.pyx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .. import _coerce, _dispatch
+from .._buffers import finish_output, flat_storage, kernel_output, prepare_output
+from .._dispatch import Path
+from .._dtypes import (
+    CAST_BFLOAT16, CAST_BOOL, CAST_E8M0, CAST_FLOAT16, CAST_FLOAT32, CAST_FLOAT64,
+    CAST_PATH_F32_E8M0, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_GENERAL, CAST_SIGNED,
+    CAST_SMALL_FLOAT, CAST_UNSIGNED, E8M0_ROUND_MODES, SF_RULE_FNUZ_INF_NAN,
+    SF_RULE_NAN_NEGATIVE_ZERO, SF_RULE_NAN_SIGN, ElementType, array_element_type, element_type,
+)
+from .._opspec import cast_float8_table, get_spec, normalize_opset
+from .._registry import register
+from .._rules import cast_output_type, label, saturate_applies
+from .._threads import in_default_fp_environment, resolve_threads
+from .._typing import Array, TypeSpec
+from .._validate import ArraySpec, cached_plan, check_attribute, check_type, signature as _signature
+
+# ONNX's STRING data type: Cast defines it, qemu_q does not implement it.
+_STRING_ID = 8
+_STRING_MESSAGE = (
+    "tensor(string) is not supported: qemu_q emulates numeric datapaths (Cast's string "
+    "parsing and printing rules are not implemented)"
+)
+
+
+@dataclass(frozen=True)
+class CastPlan:
+    label: str
+    x_type: ElementType
+    out_type: ElementType
+    # The kernel configuration's fields (pyx/_cast.pyx: CastConfig); the loop is decided
+    # here, once.
+    kernel_fields: tuple
+    configs: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def kernel_config(self):
+        return _dispatch.configured(self.configs, Path.CAST, "CastConfig", self.kernel_fields)
+
+
+def _kind(etype: ElementType) -> tuple[int, int, int]:
+    """(cast kind, bits, small-float format) of an element type, as CastConfig reads them."""
+    if etype.kind == "integer":
+        return (CAST_SIGNED if etype.lo < 0 else CAST_UNSIGNED), etype.bits, 0
+    if etype.kind == "small_float":
+        return CAST_SMALL_FLOAT, etype.bits, etype.small_float_id
+    kinds = {"float": CAST_FLOAT32, "float16": CAST_FLOAT16, "bfloat16": CAST_BFLOAT16,
+             "double": CAST_FLOAT64, "float8e8m0": CAST_E8M0, "bool": CAST_BOOL}
+    return kinds[etype.name], etype.bits, 0
+
+
+def _round_mode(value) -> str:
+    # ONNX nodes carry string attributes as bytes.
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError(f"round_mode={value!r}; allowed {', '.join(map(repr, E8M0_ROUND_MODES))}") from None
+    if not isinstance(value, str):
+        raise TypeError(f"round_mode must be a str, got {type(value).__name__} {value!r}")
+    if value not in E8M0_ROUND_MODES:
+        raise ValueError(f"round_mode={value!r}; allowed {', '.join(map(repr, E8M0_ROUND_MODES))}")
+    return value
+
+
+def _target(value, argument: str) -> ElementType:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value == _STRING_ID:
+        raise TypeError(f"{argument}={int(value)}: {_STRING_MESSAGE}")
+    if isinstance(value, str) and value.strip().lower() in ("string", "tensor(string)"):
+        raise TypeError(f"{argument}={value!r}: {_STRING_MESSAGE}")
+    return element_type(value, argument)
+
+
+def _check_numeric(array: np.ndarray, argument: str) -> None:
+    if array.dtype.kind in "USO":
+        raise TypeError(f"{argument} has dtype {array.dtype}: {_STRING_MESSAGE}")
+
+
+@lru_cache(maxsize=512)
+def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernels) -> CastPlan:
+    x = ArraySpec(*x_signature)
+    spec = get_spec(op_type, opset)
+    opset = spec.since_version if opset is None else opset
+    where = label(spec, opset)
+    check_attribute(spec, opset, "saturate", saturate, 1)
+    check_attribute(spec, opset, "round_mode", round_mode, "up")
+    if saturate not in (0, 1):
+        raise ValueError(f"{where}: saturate={saturate}; allowed 0 or 1")
+    x_type = array_element_type(x, "input")
+    check_type(spec, opset, "input", x_type)
+    out_type = cast_output_type(spec, to, to)
+    check_type(spec, opset, "output", out_type)
+    source_kind, source_bits, source_format = _kind(x_type)
+    target_kind, target_bits, target_format = _kind(out_type)
+    rules = 0
+    if out_type.kind == "small_float":
+        table = cast_float8_table(opset) if opset >= 19 else None
+        if table is not None and table.negative_nan_row:
+            rules |= SF_RULE_NAN_SIGN
+        if table is not None and table.fnuz_inf_to_nan:
+            rules |= SF_RULE_FNUZ_INF_NAN
+        rules |= SF_RULE_NAN_NEGATIVE_ZERO
+    path = CAST_PATH_GENERAL
+    if fast_kernels and source_kind == CAST_FLOAT32:
+        if target_kind == CAST_SMALL_FLOAT:
+            path = CAST_PATH_F32_SMALL_FLOAT
+        elif target_kind == CAST_E8M0:
+            path = CAST_PATH_F32_E8M0
+    fields = dict(
+        path=path, source_kind=source_kind, source_bits=source_bits, source_format=source_format,
+        target_kind=target_kind, target_bits=target_bits, target_format=target_format,
+        round_mode=E8M0_ROUND_MODES.index(round_mode),
+        saturate=bool(saturate) if saturate_applies(spec, out_type) else True,
+        small_float_rules=rules,
+    )
+    return CastPlan(where, x_type, out_type, tuple(fields.items()))
+
+
+def _run(op_type: str, x, to: ElementType, saturate, round_mode, opset, out, n_threads):
+    plan = cached_plan(cast_plan, (
+        op_type, opset, _signature(x), to,
+        _coerce.int_attribute(saturate, "saturate", allow_bool=True), _round_mode(round_mode),
+        _dispatch.FAST_KERNELS,
+    ))
+    n_threads = resolve_threads(n_threads, x.size)
+    result = prepare_output(out, x.shape, plan.out_type, [("input", x)])
+    if x.size == 0:
+        return result
+    config = plan.kernel_config()
+    source = flat_storage(x, plan.x_type).view(np.uint8)
+    storage = result.reshape(-1).view(plan.out_type.storage)
+    written = kernel_output(storage)
+    _dispatch.run(Path.CAST, source, written.view(np.uint8), config, n_threads)
+    finish_output(storage, written)
+    return result
+
+
+@in_default_fp_environment
+def cast(x: Array, to: TypeSpec, *, saturate: int | bool = 1, round_mode: str = "up",
+         opset: int | None = None, out: np.ndarray | None = None,
+         n_threads: int | None = None) -> np.ndarray:
+    """ONNX Cast: x converted to the type `to`, bit-exact, by the tables of the version in
+    force at `opset` (newest since-version <= opset; None: 28).
+
+    `to` takes an ONNX data-type int, a type name ("float8e4m3fn", "int4") or a dtype.
+    `saturate` (19+) applies to the float8 and float8e8m0 outputs, `round_mode` ("up",
+    "down", "nearest"; 24+) to float8e8m0. Sub-byte outputs are one element per byte, as
+    ml_dtypes holds them (pack() gives the ONNX raw_data). Rules the spec leaves open
+    (float to integer out of range, float8e8m0 below its range, NaN into float4/float6)
+    are in docs/semantics.md. tensor(string) is not supported (TypeError).
+    """
+    x = _coerce.as_array(x, "x")
+    _check_numeric(x, "x")
+    target = _target(to, "to")
+    return _run("Cast", x, target, saturate, round_mode, normalize_opset(opset), out, n_threads)
+
+
+@in_default_fp_environment
+def cast_like(x: Array, target_type: Array, *, saturate: int | bool = 1, round_mode: str = "up",
+              opset: int | None = None, out: np.ndarray | None = None,
+              n_threads: int | None = None) -> np.ndarray:
+    """ONNX CastLike: x converted to the element type of the array `target_type` (only its
+    dtype is read), with Cast's rules at `opset` (CastLike has versions 15 to 25)."""
+    x = _coerce.as_array(x, "x")
+    target_type = _coerce.as_array(target_type, "target_type")
+    _check_numeric(x, "x")
+    _check_numeric(target_type, "target_type")
+    opset = normalize_opset(opset)
+    target = array_element_type(target_type, "target_type")
+    spec = get_spec("CastLike", opset)
+    check_type(spec, opset, "target_type", target)
+    return _run("CastLike", x, target, saturate, round_mode, opset, out, n_threads)
+
+
+@register("Cast")
+def _run_cast(inputs, attributes, opset):
+    attributes = dict(attributes)
+    if "to" not in attributes:
+        raise ValueError(f"{label(get_spec('Cast', opset), opset)}: the attribute 'to' is required")
+    return [cast(inputs[0], attributes.pop("to"), opset=opset, **attributes)]
+
+
+@register("CastLike")
+def _run_cast_like(inputs, attributes, opset):
+    return [cast_like(inputs[0], inputs[1], opset=opset, **attributes)]
