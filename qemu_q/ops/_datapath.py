@@ -44,6 +44,11 @@ def is_scalar_shape(shape: tuple) -> bool:
 
 
 def int_values(array: np.ndarray, etype: ElementType) -> np.ndarray:
+    """Integer codes as their values (int8/uint8 arrays already are; other storage goes
+    through the one home of sign extension)."""
+    array = np.asarray(array)
+    if array.dtype == etype.dtype and array.dtype in (np.dtype(np.int8), np.dtype(np.uint8)):
+        return array
     return etype.code_values(array.view(etype.storage) if etype.dtype != etype.storage else array)
 
 
