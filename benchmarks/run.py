@@ -494,6 +494,65 @@ def run_sweep(args) -> list:
     return rows
 
 
+def run_integer(threads: int, repeat: int) -> int:
+    """The integer datapath targets: MatMulInteger 1024x1024x1024 u8 x u8 (<= 2x
+    onnxruntime), QLinearConv 1x64x56x56 with 64 3x3 filters (<= 3x), both <= 0.05 of
+    onnx.reference. u8 x u8, where onnxruntime is exact; each result is checked bit-exact
+    against onnxruntime (the "float32" rule for QLinearConv)."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    def model(op, inputs, out_type, attrs):
+        node = helper.make_node(op, [n for n, _ in inputs], ["y"], **attrs)
+        graph = helper.make_graph(
+            [node], "g",
+            [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+             for n, a in inputs],
+            [helper.make_tensor_value_info("y", out_type, None)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+    def best(fn, rounds):
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    rng = np.random.default_rng(0)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = threads
+    a = rng.integers(0, 256, (1024, 1024), dtype=np.uint8)
+    b = rng.integers(0, 256, (1024, 1024), dtype=np.uint8)
+    mm = [("A", a), ("B", b), ("a_zero_point", np.array(3, np.uint8)), ("b_zero_point", np.array(200, np.uint8))]
+    x = rng.integers(0, 256, (1, 64, 56, 56), dtype=np.uint8)
+    w = rng.integers(0, 256, (64, 64, 3, 3), dtype=np.uint8)
+    conv = [("x", x), ("x_scale", np.array(0.03, np.float32)), ("x_zero_point", np.array(128, np.uint8)),
+            ("w", w), ("w_scale", np.array(0.01, np.float32)), ("w_zero_point", np.array(120, np.uint8)),
+            ("y_scale", np.array(2.0, np.float32)), ("y_zero_point", np.array(100, np.uint8))]
+    cases = [
+        ("MatMulInteger 1024^3 u8xu8", "MatMulInteger", mm, TensorProto.INT32, {}, 2.0,
+         lambda: qemu_q.matmul_integer(*[v for _, v in mm], n_threads=threads)),
+        ("QLinearConv 1x64x56x56 64x3x3", "QLinearConv", conv, TensorProto.UINT8, {"pads": [1, 1, 1, 1]}, 3.0,
+         lambda: qemu_q.qlinear_conv(*[v for _, v in conv], pads=[1, 1, 1, 1], requantization="float32",
+                                     n_threads=threads)),
+    ]
+    print(f"{'case':<32} {'qemu_q':>10} {'ort':>10} {'ratio':>7} {'target':>7} {'reference':>10} {'of ref':>7}")
+    for title, op, inputs, out_type, attrs, target, ours in cases:
+        m = model(op, inputs, out_type, attrs)
+        feeds = dict(inputs)
+        session = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        agree = np.array_equal(session.run(None, feeds)[0], ours())
+        t_ours = best(ours, repeat)
+        t_ort = best(lambda: session.run(None, feeds), repeat)
+        reference = ReferenceEvaluator(m)
+        t_ref = best(lambda: reference.run(None, feeds), 1)
+        print(f"{title:<32} {t_ours * 1e3:>8.1f}ms {t_ort * 1e3:>8.1f}ms {t_ours / t_ort:>7.2f} {target:>7g} "
+              f"{t_ref * 1e3:>8.0f}ms {t_ours / t_ref:>7.3f}  {'bit-exact' if agree else 'DIFFERS'}")
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", help="comma-separated case names (default: all; see --list)")
@@ -516,7 +575,11 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="5 rounds, sweep up to 2^20")
     p.add_argument("--json", help="write the results here (for benchmarks/plot.py)")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument("--integer", action="store_true",
+                   help="only the integer datapath targets (MatMulInteger, QLinearConv)")
     args = p.parse_args(argv)
+    if args.integer:
+        return run_integer(args.threads, args.repeat)
     if args.list:
         for c in CASES:
             print(f"{c.name:<18} {c.title:<36} target {'-' if c.target is None else f'<= {c.target:g}'}")

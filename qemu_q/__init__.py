@@ -9,6 +9,7 @@ from ._dtypes import ELEMENT_TYPES, ElementType, element_type
 from ._opspec import NEWEST_OPSET, OP_VERSIONS, FormalParameter, OpSpec, get_spec
 from ._pack import pack, unpack
 from .ops import cast, cast_like, dequantize_linear, dynamic_quantize_linear, quantize_linear
+from .ops import conv_integer, matmul_integer, qlinear_conv, qlinear_matmul
 from ._parallel import openmp_compiled as _openmp_compiled
 from ._onnx_plugin import onnx_ops
 from ._registry import run_op
@@ -24,6 +25,7 @@ __all__ = [
     "get_num_threads", "get_spec", "onnx_ops", "openmp_enabled", "pack", "quantize_linear",
     "run_op", "set_num_threads", "unpack", "VerifyReport", "verify",
     "__version__",
+    "matmul_integer", "conv_integer", "qlinear_matmul", "qlinear_conv",
 ]
 
 

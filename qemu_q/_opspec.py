@@ -319,7 +319,7 @@ def _cast(version: int) -> OpSpec:
         outputs=_params(("output", "T2")),
         attributes=MappingProxyType({**_cast_attributes(version), "to": None}),
         type_constraints=MappingProxyType({"T1": types, "T2": types}),
-        granularities=frozenset(),
+        granularities=frozenset(("per_tensor",)),  # element by element
         division_precision=None,
         multiplication_precision=None,
         output_type_rule="to",
@@ -337,7 +337,7 @@ def _cast_like(version: int) -> OpSpec:
         outputs=_params(("output", "T2")),
         attributes=MappingProxyType(_cast_attributes(version)),
         type_constraints=MappingProxyType({"T1": types, "T2": types}),
-        granularities=frozenset(),
+        granularities=frozenset(("per_tensor",)),
         division_precision=None,
         multiplication_precision=None,
         output_type_rule="target_type",
@@ -347,6 +347,79 @@ def _cast_like(version: int) -> OpSpec:
 
 _CAST = tuple(_cast(v) for v in (1, 6, 9, 13, 19, 21, 23, 24, 25, 28))
 _CAST_LIKE = tuple(_cast_like(v) for v in (15, 19, 21, 23, 24, 25))
+# The integer datapath (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv). Their zero
+# point and scale shapes (per row, per column, per output channel) are op-specific, not the
+# axis granularities of Q/DQ: qemu_q/ops/matmul_integer.py and conv_integer.py check them.
+_INT8_TYPES = frozenset(("tensor(int8)", "tensor(uint8)"))
+_INT8_OR_FLOAT8 = _INT8_TYPES | FLOAT8_TYPES
+_CONV_ATTRS = {
+    "group": 1, "pads": None, "strides": None, "dilations": None, "kernel_shape": None,
+    "auto_pad": "NOTSET",
+}
+
+
+def _integer_op(op_type: str, version: int, inputs, outputs, attributes, constraints,
+                output_rule: str) -> OpSpec:
+    return OpSpec(
+        op_type=op_type,
+        since_version=version,
+        inputs=_params(*inputs),
+        outputs=_params(*outputs),
+        attributes=MappingProxyType(attributes),
+        type_constraints=MappingProxyType(constraints),
+        granularities=frozenset(("per_tensor",)),
+        division_precision=None,
+        multiplication_precision=None,
+        output_type_rule=output_rule,
+        saturate_types=frozenset(),
+    )
+
+
+_QLINEAR_MATMUL_INPUTS = (
+    ("a", "T1"), ("a_scale", "TS"), ("a_zero_point", "T1"), ("b", "T2"), ("b_scale", "TS"),
+    ("b_zero_point", "T2"), ("y_scale", "TS"), ("y_zero_point", "T3"),
+)
+_INTEGER_DATAPATH = {
+    "MatMulInteger": (
+        _integer_op(
+            "MatMulInteger", 10,
+            (("A", "T1"), ("B", "T2"), ("a_zero_point", "T1", True), ("b_zero_point", "T2", True)),
+            (("Y", "T3"),), {},
+            {"T1": _INT8_TYPES, "T2": _INT8_TYPES, "T3": _INT32}, "int32",
+        ),
+    ),
+    "ConvInteger": (
+        _integer_op(
+            "ConvInteger", 10,
+            (("x", "T1"), ("w", "T2"), ("x_zero_point", "T1", True), ("w_zero_point", "T2", True)),
+            (("y", "T3"),), _CONV_ATTRS,
+            {"T1": _INT8_TYPES, "T2": _INT8_TYPES, "T3": _INT32}, "int32",
+        ),
+    ),
+    "QLinearMatMul": (
+        _integer_op(
+            "QLinearMatMul", 10,
+            tuple((n, FLOAT if t == "TS" else t) for n, t in _QLINEAR_MATMUL_INPUTS),
+            (("y", "T3"),), {},
+            {"T1": _INT8_TYPES, "T2": _INT8_TYPES, "T3": _INT8_TYPES}, "zero_point",
+        ),
+        _integer_op(
+            "QLinearMatMul", 21, _QLINEAR_MATMUL_INPUTS, (("y", "T3"),), {},
+            {"TS": _FLOATS, "T1": _INT8_OR_FLOAT8, "T2": _INT8_OR_FLOAT8, "T3": _INT8_OR_FLOAT8},
+            "zero_point",
+        ),
+    ),
+    "QLinearConv": (
+        _integer_op(
+            "QLinearConv", 10,
+            (("x", "T1"), ("x_scale", FLOAT), ("x_zero_point", "T1"), ("w", "T2"),
+             ("w_scale", FLOAT), ("w_zero_point", "T2"), ("y_scale", FLOAT),
+             ("y_zero_point", "T3"), ("B", "T4", True)),
+            (("y", "T3"),), _CONV_ATTRS,
+            {"T1": _INT8_TYPES, "T2": _INT8_TYPES, "T3": _INT8_TYPES, "T4": _INT32}, "zero_point",
+        ),
+    ),
+}
 
 # op_type -> specs in increasing since-version
 _SPECS: dict[str, tuple[OpSpec, ...]] = {
@@ -355,6 +428,7 @@ _SPECS: dict[str, tuple[OpSpec, ...]] = {
     "DynamicQuantizeLinear": _DYNAMIC_QUANTIZE_LINEAR,
     "Cast": _CAST,
     "CastLike": _CAST_LIKE,
+    **_INTEGER_DATAPATH,
 }
 
 # Short names the command line and golden selections accept for each op (any case).
@@ -364,6 +438,10 @@ OP_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "DynamicQuantizeLinear": ("dynamic",),
     "Cast": ("cast",),
     "CastLike": ("castlike", "cast_like"),
+    "MatMulInteger": ("matmulinteger",),
+    "ConvInteger": ("convinteger",),
+    "QLinearMatMul": ("qlinearmatmul",),
+    "QLinearConv": ("qlinearconv",),
 })
 
 # QuantizeLinear-23+ `precision` attribute: ONNX data-type ints of the division's precision

@@ -117,3 +117,13 @@ def saturate_applies(spec: OpSpec, out_type: ElementType) -> bool:
 
 def has_granularity(spec: OpSpec, granularity: str) -> bool:
     return granularity in spec.granularities
+
+
+def integer_datapath_output_type(spec: OpSpec, zero_point_type: ElementType) -> ElementType:
+    """MatMulInteger/ConvInteger: int32; QLinearMatMul/QLinearConv: y_zero_point's type."""
+    rule = spec.output_type_rule
+    if rule == "int32":
+        return ELEMENT_TYPES["int32"]
+    if rule != "zero_point":
+        raise AssertionError(f"unknown output_type_rule {rule!r}")
+    return zero_point_type

@@ -13,11 +13,13 @@ Conversion rules (the project's decisions, see docs/semantics.md):
   model's opset, transcribed row by row in ``CAST_ROWS`` (Cast-19 to 28; the only change
   between versions: saturate=1 FNUZ +-Inf is NaN before Cast-24, +-max from 24).
   saturate=1: overflow gives +-max. Without saturate: e4m3fn, e4m3fnuz, e5m2fnuz give NaN
-  (e4m3fn: 0x7F for both signs, the rows "[x] > FLT_MAX" and "[x] < -FLT_MAX" say NaN);
-  e5m2 gives +-inf (0x7C / 0xFC).
-* A NaN result keeps the sign where the table says -NaN (0xFF for e4m3fn and e5m2; the
-  saturate=1 table's NaN row is read as keeping the sign too); ``nan="canonical"`` makes
-  every such NaN 0x7F. FNUZ formats have one NaN, 0x80.
+  (e4m3fn: the rows "[x] > FLT_MAX" and "[x] < -FLT_MAX" say NaN; the NaN takes the sign of
+  x, 0x7F / 0xFF, as the official Cast vectors of opset 25 have it); e5m2 gives +-inf
+  (0x7C / 0xFC).
+* A NaN result keeps the sign where the table says -NaN (e4m3fn 0x7F / 0xFF, e5m2 0x7E /
+  0xFE, the quiet NaN of a two-bit mantissa, as the official Cast vectors; the saturate=1
+  table's NaN row is read as keeping the sign too); ``nan="canonical"`` makes every such
+  NaN 0x7F. FNUZ formats have one NaN, 0x80.
 * FNUZ formats have no -0: -0 and negative values that round to zero give 0x00. The other
   formats keep the sign of zero (-tiny -> 0x80).
 * float4_e2m1fn, float6_e2m3fn, float6_e3m2fn have no inf/NaN codes: overflow and +-inf give
@@ -284,8 +286,11 @@ def nan_code(fmt, negative: bool = False, nan: str = "spec") -> int:
     fmt = _fmt(fmt)
     assert nan in NAN_OPTIONS
     if fmt.kind == "fn" or fmt.kind == "ieee":
-        code = (1 << (fmt.n_bits - 1)) - 1  # 0x7F
-        return code | fmt.sign_mask if negative and nan == "spec" else code
+        if nan == "canonical":
+            return (1 << (fmt.n_bits - 1)) - 1  # 0x7F
+        # e4m3fn's only NaN pattern 0x7F; e5m2's quiet NaN 0x7E (mantissa 10).
+        code = 0x7F if fmt.kind == "fn" else 0x7E
+        return code | fmt.sign_mask if negative else code
     if fmt.kind == "fnuz":
         return fmt.sign_mask  # 0x80
     if fmt.kind == "none":
@@ -311,7 +316,11 @@ def _special_code(fmt: FloatFormat, row: str, saturate: bool, opset: int, nan: s
         if row in ("NaN", "-NaN"):
             return fmt.max_code
         return (fmt.sign_mask if row.startswith("-") or row == "<-max" else 0) | fmt.max_code
-    return _row_code(fmt, cast_row(fmt, row, saturate, opset), nan)
+    result = cast_row(fmt, row, saturate, opset)
+    if row == "<-max" and result == "NaN" and fmt.kind == "fn":
+        # The row says NaN; the official Cast vectors (opset 25) write -NaN, the sign of x.
+        result = "-NaN"
+    return _row_code(fmt, result, nan)
 
 
 def _overflow_code(fmt: FloatFormat, negative: bool, saturate: bool, opset: int = 28,

@@ -84,3 +84,34 @@ def test_cast_node_case(name):
         assert g.dtype == e.dtype, (g.dtype, e.dtype)
         assert g.shape == e.shape, (g.shape, e.shape)
         np.testing.assert_array_equal(_bits(g), _bits(e))
+
+
+# ------------------------------------------ the integer datapath ops (../shared/onnx-node-tests-integer)
+# Each folder was checked against its schema text: every expected output is the spec's
+# exact requantization (round once, ties to even, then the zero point, then saturate), so
+# none is listed as predating an upstream fix (see that folder's SOURCE.txt).
+
+INTEGER_TESTS = NODE_TESTS.parent / "onnx-node-tests-integer"
+INTEGER_CASES = sorted(p.name for p in INTEGER_TESTS.iterdir() if p.is_dir()) if INTEGER_TESTS.is_dir() else []
+
+
+def test_integer_node_tests_present(shared_dir):
+    folders = sorted(p.name for p in (shared_dir / "onnx-node-tests-integer").iterdir() if p.is_dir())
+    assert len(folders) == 12, f"expected the 12 folders of ../shared/onnx-node-tests-integer, found {folders}"
+
+
+@pytest.mark.parametrize("name", INTEGER_CASES)
+def test_integer_node_case(name):
+    folder = INTEGER_TESTS / name
+    model = onnx.load(str(folder / "model.onnx"))
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    assert len(model.graph.node) == 1
+    data_sets = sorted(folder.glob("test_data_set_*"))
+    assert data_sets
+    for data in data_sets:
+        inputs = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("input_*.pb"))]
+        expected = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("output_*.pb"))]
+        got = _run_graph(model, inputs, opset)
+        assert len(got) == len(expected) == 1
+        assert got[0].dtype == expected[0].dtype and got[0].shape == expected[0].shape
+        np.testing.assert_array_equal(_bits(got[0]), _bits(expected[0]))

@@ -35,8 +35,8 @@ def onnx_attributes(schema):
         if default.type == 0:
             result[name] = None
         else:
-            assert default.type == default.INT, f"{schema.name}.{name} is not an int attribute"
-            result[name] = default.i
+            assert default.type in (default.INT, default.STRING), f"{schema.name}.{name}"
+            result[name] = default.i if default.type == default.INT else default.s.decode()
     return result
 
 
@@ -45,8 +45,14 @@ def test_table_has_the_seventeen_pairs():
         "QuantizeLinear": (10, 13, 19, 21, 23, 24, 25, 28),
         "DequantizeLinear": (10, 13, 19, 21, 23, 24, 25, 28),
         "DynamicQuantizeLinear": (11,),
+        "MatMulInteger": (10,),
+        "ConvInteger": (10,),
+        "QLinearMatMul": (10, 21),
+        "QLinearConv": (10,),
+        "Cast": (1, 6, 9, 13, 19, 21, 23, 24, 25, 28),
+        "CastLike": (15, 19, 21, 23, 24, 25),
     }
-    assert len(PAIRS) == 17
+    assert len(PAIRS) == 38
     assert NEWEST_OPSET == 28
 
 
@@ -208,6 +214,11 @@ def test_opset_above_newest():
         ("DequantizeLinear", 24, {"per_tensor", "per_axis", "blocked"}, None,
          "output_dtype_or_scale", "output_dtype_or_scale", False),
         ("DynamicQuantizeLinear", 11, {"per_tensor"}, None, None, "uint8", False),
+        ("MatMulInteger", 10, {"per_tensor"}, None, None, "int32", False),
+        ("ConvInteger", 10, {"per_tensor"}, None, None, "int32", False),
+        ("QLinearMatMul", 10, {"per_tensor"}, None, None, "zero_point", False),
+        ("QLinearMatMul", 21, {"per_tensor"}, None, None, "zero_point", False),
+        ("QLinearConv", 10, {"per_tensor"}, None, None, "zero_point", False),
     ],
 )
 def test_semantic_fields(

@@ -370,3 +370,32 @@ def test_streamed_large_quantize_outputs(qtype, axis, restore_kernels):
             return qemu_q.quantize_linear(x, scale, zp, n_threads=n, **kw)
 
     assert_same_bits(_check_all(run, f"{qtype} axis={axis}"), expected, "streamed == halves")
+
+
+# ------------------------------------------------ the integer datapath: thread-count independence
+
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+@pytest.mark.parametrize("accumulator", ["int32", "x86-u8s8-pairs"])
+def test_integer_datapath_threads(rule, accumulator):
+    rng = np.random.default_rng(13)
+    a = rng.integers(0, 256, (3, 96, 200), dtype=np.uint8)
+    b = rng.integers(-128, 128, (200, 300), dtype=np.int8)
+    args = (a, np.float32(0.02), np.uint8(7), b, np.float32(0.003), np.int8(-5),
+            np.float32(0.01), np.uint8(128))
+    x = rng.integers(0, 256, (2, 8, 40, 40), dtype=np.uint8)
+    w = rng.integers(-128, 128, (16, 4, 3, 3), dtype=np.int8)
+    conv_args = (x, np.float32(0.05), np.uint8(3), w, np.float32(0.004), np.int8(1),
+                 np.float32(0.07), np.uint8(9), rng.integers(-9999, 9999, 16).astype(np.int32))
+    results = []
+    for n in (1, 2, 3, 8):
+        results.append((
+            qemu_q.matmul_integer(a, b, np.uint8(7), np.int8(-5), accumulator=accumulator, n_threads=n),
+            qemu_q.qlinear_matmul(*args, requantization=rule, accumulator=accumulator, n_threads=n),
+            qemu_q.conv_integer(x, w, np.uint8(3), np.int8(1), group=2, pads=[1, 0, 2, 1], n_threads=n),
+            qemu_q.qlinear_conv(*conv_args, group=2, strides=[2, 1], auto_pad="SAME_LOWER",
+                                requantization=rule, accumulator=accumulator, n_threads=n),
+        ))
+    for other in results[1:]:
+        for first, got in zip(results[0], other):
+            assert first.dtype == got.dtype
+            np.testing.assert_array_equal(first.view(np.uint8), got.view(np.uint8))

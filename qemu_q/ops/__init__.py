@@ -5,5 +5,8 @@ from .cast import cast, cast_like
 from .dequantize_linear import dequantize_linear
 from .dynamic_quantize_linear import dynamic_quantize_linear
 from .quantize_linear import quantize_linear
+from .matmul_integer import matmul_integer, qlinear_matmul
+from .conv_integer import conv_integer, qlinear_conv
 
-__all__ = ["cast", "cast_like", "dequantize_linear", "dynamic_quantize_linear", "quantize_linear"]
+__all__ = ["cast", "cast_like", "dequantize_linear", "dynamic_quantize_linear", "quantize_linear",
+           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv"]

@@ -1,0 +1,300 @@
+"""ConvInteger-10 and QLinearConv-10: the ONNX Conv geometry (1-D to 3-D, auto_pad, pads,
+strides, dilations, group), exact int32 accumulation by im2col and a float64 GEMM, the
+bias in the accumulator, and QLinearConv's requantization rules."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _coerce
+from .._dtypes import ElementType
+from .._opspec import get_spec, normalize_opset
+from .._registry import register
+from .._rules import integer_datapath_output_type, label
+from .._threads import in_default_fp_environment
+from .._typing import Array
+from .._validate import ArraySpec, cached_plan, signature
+from . import _datapath as dp
+
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    where: str
+    x_type: ElementType
+    w_type: ElementType
+    batch: int
+    channels: int
+    out_channels: int
+    group: int
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    pads_begin: tuple
+    pads_end: tuple
+    out_spatial: tuple
+    w_zp_per_channel: bool
+    pairs: bool
+
+
+def _ints(value, name: str, rank: int, where: str, minimum: int) -> tuple | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{where}: {name} must be a list of ints, got {type(value).__name__} {value!r}")
+    items = tuple(_coerce.int_attribute(v, name) for v in value)
+    if len(items) != rank:
+        raise ValueError(f"{where}: {name}={list(items)} needs {rank} values for this input")
+    if any(v < minimum for v in items):
+        raise ValueError(f"{where}: {name}={list(items)}; every value must be >= {minimum}")
+    return items
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(op_type, opset, x_sig, w_sig, x_zp_sig, w_zp_sig, auto_pad, dilations, group,
+          kernel_shape, pads, strides, accumulator) -> ConvPlan:
+    spec = get_spec(op_type, opset)
+    where = label(spec, opset)
+    x, w = ArraySpec.of_signature(x_sig), ArraySpec.of_signature(w_sig)
+    x_type = dp.element(spec, opset, "x", x)
+    w_type = dp.element(spec, opset, "w", w)
+    if not 3 <= x.ndim <= 5:
+        raise ValueError(f"{where}: x has shape {x.shape}; allowed [N, C, D1, ..., Dn] with n = 1, 2 or 3")
+    if w.ndim != x.ndim:
+        raise ValueError(f"{where}: w has shape {w.shape}; it must have x's rank {x.ndim} "
+                         f"([M, C/group, k1, ..., kn])")
+    rank = x.ndim - 2
+    if not isinstance(auto_pad, str) or auto_pad not in AUTO_PADS:
+        raise ValueError(f"{where}: auto_pad={auto_pad!r}; allowed: {', '.join(AUTO_PADS)}")
+    group = _coerce.int_attribute(group, "group")
+    if group < 1:
+        raise ValueError(f"{where}: group={group}; it must be >= 1")
+    batch, channels = x.shape[:2]
+    out_channels = w.shape[0]
+    if channels != group * w.shape[1]:
+        raise ValueError(f"{where}: x has {channels} channels and w {w.shape[1]} per group with "
+                         f"group={group}; x's channels must be group * w.shape[1]")
+    if out_channels % group:
+        raise ValueError(f"{where}: w has {out_channels} output channels, not a multiple of group={group}")
+    kernel = tuple(w.shape[2:])
+    given_kernel = _ints(kernel_shape, "kernel_shape", rank, where, 1)
+    if given_kernel is not None and given_kernel != kernel:
+        raise ValueError(f"{where}: kernel_shape={list(given_kernel)} differs from w's spatial "
+                         f"shape {list(kernel)}")
+    if any(k < 1 for k in kernel):
+        raise ValueError(f"{where}: w has shape {w.shape}; its kernel dimensions must be >= 1")
+    strides_t = _ints(strides, "strides", rank, where, 1) or (1,) * rank
+    dilations_t = _ints(dilations, "dilations", rank, where, 1) or (1,) * rank
+    pads_t = _ints(pads, "pads", 2 * rank, where, 0)
+    if pads_t is not None and auto_pad != "NOTSET":
+        raise ValueError(f"{where}: pads={list(pads_t)} with auto_pad={auto_pad!r}; pads cannot be "
+                         f"used with an auto_pad other than NOTSET")
+    spatial = x.shape[2:]
+    begin, end, out_spatial = [], [], []
+    for i in range(rank):
+        extent = (kernel[i] - 1) * dilations_t[i] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = -(-spatial[i] // strides_t[i])
+            total = max(0, (out - 1) * strides_t[i] + extent - spatial[i])
+            small, large = total // 2, total - total // 2
+            b, e = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+        elif auto_pad == "VALID":
+            b = e = 0
+        else:
+            b, e = (pads_t[i], pads_t[i + rank]) if pads_t else (0, 0)
+        out = (spatial[i] + b + e - extent) // strides_t[i] + 1
+        if out < 1:
+            raise ValueError(f"{where}: dimension {i} of x ({spatial[i]}, padded by {b} + {e}) is "
+                             f"smaller than the dilated kernel ({extent}): no output")
+        begin.append(b)
+        end.append(e)
+        out_spatial.append(out)
+    for name, sig, etype, per_channel_ok in (("x_zero_point", x_zp_sig, x_type, False),
+                                             ("w_zero_point", w_zp_sig, w_type, True)):
+        if sig is None:
+            continue
+        zp = ArraySpec.of_signature(sig)
+        zp_type = dp.element(spec, opset, name, zp)
+        if zp_type is not etype:
+            raise TypeError(f"{where}: {name} has type {zp_type.name}; it must have the type of "
+                            f"{name[0]} ({etype.name})")
+        if not (dp.is_scalar_shape(zp.shape) or (per_channel_ok and zp.shape == (out_channels,))):
+            allowed = f"a scalar or [{out_channels}] (per output channel)" if per_channel_ok else "a scalar (() or (1,))"
+            raise ValueError(f"{where}: {name} has shape {zp.shape}; allowed: {allowed}")
+    w_zp_per_channel = w_zp_sig is not None and ArraySpec.of_signature(w_zp_sig).shape == (out_channels,) \
+        and out_channels != 1
+    pairs = (accumulator == "x86-u8s8-pairs" and op_type == "QLinearConv" and x_type.name == "uint8"
+             and w_type.name == "int8" and (channels // group) % 2 == 0)
+    return ConvPlan(where, x_type, w_type, batch, channels, out_channels, group, kernel,
+                    strides_t, dilations_t, tuple(begin), tuple(end), tuple(out_spatial),
+                    w_zp_per_channel, pairs)
+
+
+def _windows(padded: np.ndarray, plan: ConvPlan) -> np.ndarray:
+    """[N, C, *out, *kernel] view of the padded input."""
+    rank = len(plan.kernel)
+    extents = tuple((k - 1) * d + 1 for k, d in zip(plan.kernel, plan.dilations))
+    view = np.lib.stride_tricks.sliding_window_view(padded, extents, axis=tuple(range(2, 2 + rank)))
+    index = (slice(None), slice(None)) + tuple(slice(None, o * s, s) for o, s in zip(plan.out_spatial, plan.strides)) \
+        + tuple(slice(None, None, d) for d in plan.dilations)
+    return view[index]
+
+
+def _pad(values: np.ndarray, plan: ConvPlan, fill) -> np.ndarray:
+    width = [(0, 0), (0, 0)] + list(zip(plan.pads_begin, plan.pads_end))
+    if not any(b or e for b, e in width):
+        return values
+    return np.pad(values, width, constant_values=fill)
+
+
+def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray:
+    """int32 accumulators [N, M, L] (L the output positions), bias included."""
+    rank = len(plan.kernel)
+    groups, m_g = plan.group, plan.out_channels // plan.group
+    c_g = plan.channels // groups
+    taps = int(np.prod(plan.kernel))
+    positions = int(np.prod(plan.out_spatial))
+    x_zp_value = 0 if x_zp is None else int(dp.int_values(np.asarray(x_zp).reshape(-1), plan.x_type)[0])
+    w_zp_values = (np.zeros(plan.out_channels, np.int64) if w_zp is None else
+                   np.broadcast_to(dp.int_values(np.asarray(w_zp).reshape(-1), plan.w_type), (plan.out_channels,)))
+    out_axes = tuple(range(2, 2 + rank))
+    kernel_axes = tuple(range(2 + rank, 2 + 2 * rank))
+    if plan.pairs:
+        # Raw codes in NHWC order (kernel position outer, channel inner), padded with the
+        # zero point's code: the order VPMADDUBSW pairs channels in.
+        padded = _pad(x.view(np.uint8), plan, x_zp_value)
+        win = _windows(padded, plan)  # [N, C, *out, *kernel]
+        win = win.reshape((plan.batch, groups, c_g) + plan.out_spatial + plan.kernel)
+        cols = np.ascontiguousarray(np.moveaxis(win, 2, -1)).reshape(plan.batch * groups, positions, taps * c_g)
+        w_raw = w.view(np.int8).reshape((groups, m_g, c_g) + plan.kernel)
+        w_cols = np.ascontiguousarray(np.moveaxis(w_raw, 2, -1)).reshape(groups, m_g, taps * c_g)
+        w_cols = np.broadcast_to(w_cols, (plan.batch, groups, m_g, taps * c_g)).reshape(-1, m_g, taps * c_g)
+        raw = dp.pair_sums(cols, w_cols, n_threads).astype(np.int64)  # [N*G, L, Mg]
+        depth = taps * c_g
+        window_sums = cols.astype(np.int64).sum(axis=2)[:, :, None]                # [N*G, L, 1]
+        weight_sums = w_cols.astype(np.int64).sum(axis=2)[:, None, :]              # [N*G, 1, Mg]
+        w_zp_g = np.broadcast_to(w_zp_values.reshape(groups, m_g), (plan.batch, groups, m_g)).reshape(-1, 1, m_g)
+        acc = raw - x_zp_value * weight_sums - w_zp_g * window_sums + depth * x_zp_value * w_zp_g
+        acc = np.swapaxes(acc, 1, 2).reshape(plan.batch, plan.out_channels, positions)
+        if bias is not None:
+            acc = acc + bias.astype(np.int64)[None, :, None]
+        return dp.wrap_int64(acc)
+    x_vals = dp.int_values(x, plan.x_type).astype(np.float64) - x_zp_value
+    padded = _pad(x_vals, plan, 0.0)  # a padded element is the zero point: 0 after subtraction
+    win = _windows(padded, plan)
+    order = (0, 1) + kernel_axes + out_axes
+    cols = np.ascontiguousarray(np.transpose(win, order)).reshape(plan.batch, groups, c_g * taps, positions)
+    w_vals = dp.int_values(w, plan.w_type).astype(np.float64) - w_zp_values.reshape((-1,) + (1,) * (rank + 1))
+    w_mat = w_vals.reshape(groups, m_g, c_g * taps)
+    sums = dp.exact_products_sum(w_mat[None], cols)  # [N, G, Mg, L]
+    sums = sums.reshape(plan.batch * plan.out_channels, positions)
+    row_bias = None if bias is None else np.ascontiguousarray(np.tile(bias.astype(np.int32), plan.batch))
+    return dp.wrap_to_int32(sums, row_bias, True, n_threads).reshape(plan.batch, plan.out_channels, positions)
+
+
+def _conv_plan(op_type, opset, x, w, x_zp, w_zp, auto_pad, dilations, group, kernel_shape, pads,
+               strides, accumulator):
+    def frozen(v):
+        return tuple(v) if isinstance(v, (list, np.ndarray)) else v
+    return cached_plan(_plan, (op_type, opset, signature(x), signature(w), signature(x_zp), signature(w_zp),
+                               auto_pad if not isinstance(auto_pad, bytes) else auto_pad.decode(),
+                               frozen(dilations), group, frozen(kernel_shape), frozen(pads),
+                               frozen(strides), accumulator))
+
+
+def _finish(plan: ConvPlan, result: np.ndarray, etype: ElementType, out, inputs) -> np.ndarray:
+    from .._buffers import prepare_output
+
+    shape = (plan.batch, plan.out_channels) + plan.out_spatial
+    result = result.reshape(shape)
+    if out is None:
+        return result
+    target = prepare_output(out, shape, etype, inputs)
+    target[...] = result
+    return target
+
+
+@in_default_fp_environment
+def conv_integer(x: Array, w: Array, x_zero_point: Array | None = None,
+                 w_zero_point: Array | None = None, *, auto_pad: str = "NOTSET",
+                 dilations=None, group: int = 1, kernel_shape=None, pads=None, strides=None,
+                 opset: int | None = None, accumulator: str = "int32",
+                 out: np.ndarray | None = None, n_threads: int | None = None) -> np.ndarray:
+    """ONNX ConvInteger-10: int32 convolution of (x - x_zero_point) and (w - w_zero_point),
+    exact products, sums wrapped modulo 2**32; padding carries the zero point. The
+    "x86-u8s8-pairs" accumulator changes nothing here (docs/semantics.md)."""
+    opset = normalize_opset(opset)
+    accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
+    x = _coerce.as_array(x, "x")
+    w = _coerce.as_array(w, "w")
+    x_zero_point = _coerce.optional_array(x_zero_point, "x_zero_point")
+    w_zero_point = _coerce.optional_array(w_zero_point, "w_zero_point")
+    plan = _conv_plan("ConvInteger", opset, x, w, x_zero_point, w_zero_point, auto_pad, dilations,
+                      group, kernel_shape, pads, strides, accumulator)
+    acc = _accumulate(plan, x, w, x_zero_point, w_zero_point, None, n_threads)
+    return _finish(plan, acc, dp.INT32, out, [("x", x), ("w", w)])
+
+
+@in_default_fp_environment
+def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scale: Array,
+                 w_zero_point: Array, y_scale: Array, y_zero_point: Array, B: Array | None = None, *,
+                 auto_pad: str = "NOTSET", dilations=None, group: int = 1, kernel_shape=None,
+                 pads=None, strides=None, requantization: str = "exact",
+                 accumulator: str = "int32", opset: int | None = None,
+                 out: np.ndarray | None = None, n_threads: int | None = None) -> np.ndarray:
+    """ONNX QLinearConv-10: the ConvInteger accumulator plus the int32 bias B, requantized by
+    `requantization` ("exact", the default; "float32": onnxruntime; "float64":
+    onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md)."""
+    opset = normalize_opset(opset)
+    rule = dp.check_choice(requantization, "requantization", dp.REQUANTIZATION_RULES)
+    accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
+    names = ("x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point")
+    arrays = [_coerce.as_array(v, n) for v, n in zip(
+        (x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point), names)]
+    x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point = arrays
+    B = _coerce.optional_array(B, "B")
+    plan = _conv_plan("QLinearConv", opset, x, w, x_zero_point, w_zero_point, auto_pad, dilations,
+                      group, kernel_shape, pads, strides, accumulator)
+    spec = get_spec("QLinearConv", opset)
+    where = plan.where
+    for name, scale in (("x_scale", x_scale), ("w_scale", w_scale), ("y_scale", y_scale)):
+        dp.element(spec, opset, name, scale)
+    y_type = integer_datapath_output_type(spec, dp.element(spec, opset, "y_zero_point", y_zero_point))
+    for name, array in (("x_scale", x_scale), ("y_scale", y_scale), ("y_zero_point", y_zero_point)):
+        if not dp.is_scalar_shape(array.shape):
+            raise ValueError(f"{where}: {name} has shape {array.shape}; allowed: a scalar (() or (1,))")
+    if not (dp.is_scalar_shape(w_scale.shape) or w_scale.shape == (plan.out_channels,)):
+        raise ValueError(f"{where}: w_scale has shape {w_scale.shape}; allowed: a scalar or "
+                         f"[{plan.out_channels}] (per output channel)")
+    if B is not None:
+        dp.element(spec, opset, "B", B)
+        if B.shape != (plan.out_channels,):
+            raise ValueError(f"{where}: B has shape {B.shape}; allowed: [{plan.out_channels}] (one per output channel)")
+    acc = _accumulate(plan, x, w, x_zero_point, w_zero_point, B, n_threads)
+    positions = acc.shape[2]
+    w_scales = np.broadcast_to(dp.scale_values(w_scale, where, "w_scale").reshape(-1), (plan.out_channels,))
+    row_scale = np.tile(w_scales, plan.batch)
+    col_scale = np.full(positions, np.float32(dp.scale_values(x_scale, where, "x_scale").reshape(-1)[0]), np.float32)
+    y = dp.requantize(acc.reshape(-1, positions), row_scale, col_scale,
+                      np.float32(y_scale.reshape(-1)[0]), y_zero_point, y_type, dp.ELEMENT_TYPES["float"],
+                      rule, opset, n_threads)
+    return _finish(plan, y, y_type, out, list(zip(names, arrays)) + [("B", B)])
+
+
+def _conv_attributes(attributes) -> dict:
+    keys = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+    return {k: attributes[k] for k in keys if k in attributes}
+
+
+@register("ConvInteger")
+def _run_conv_integer(inputs, attributes, opset):
+    return [conv_integer(*inputs[:4], opset=opset, **_conv_attributes(attributes))]
+
+
+@register("QLinearConv")
+def _run_qlinear_conv(inputs, attributes, opset):
+    return [qlinear_conv(*inputs[:9], opset=opset, **_conv_attributes(attributes))]
