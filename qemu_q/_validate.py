@@ -63,7 +63,9 @@ def check_type(spec: OpSpec, opset: int | None, param: str, etype: ElementType) 
     needs = first_version_allowing(spec.op_type, param, etype.onnx_type)
     hint = f"; {etype.name} needs opset >= {needs}" if needs and needs > spec.since_version else ""
     what = "output type" if param == "y" else f"{param} of type"
-    raise TypeError(f"{label(spec, opset)} does not accept {what} {etype.name}{hint}. Allowed: {names}")
+    # The numpy spelling too, where it differs (double is float64 to numpy users).
+    dtype = f" (dtype {etype.dtype})" if str(etype.dtype) != etype.name else ""
+    raise TypeError(f"{label(spec, opset)} does not accept {what} {etype.name}{dtype}{hint}. Allowed: {names}")
 
 
 def check_attribute(spec: OpSpec, opset: int, name: str, value, default) -> None:

@@ -13,7 +13,7 @@ END = "<!-- end of types table -->"
 def types_table() -> str:
     from qemu_q import ELEMENT_TYPES, OP_VERSIONS, get_spec
 
-    order = {f"tensor({name})": index for index, name in enumerate(ELEMENT_TYPES)}
+    order = {f"tensor({name})": index for index, name in enumerate([*ELEMENT_TYPES, "string"])}
     sections = []
     for op, versions in OP_VERSIONS.items():
         params = get_spec(op, versions[-1])

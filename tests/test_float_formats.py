@@ -197,8 +197,8 @@ def test_reencode_every_code(fmt, saturate):
     if fmt.name == "float8_e4m3fn":
         assert expected[0xFF] == 0xFF and expected[0x7F] == 0x7F
     if fmt.name == "float8_e5m2":
-        assert (expected[[0x7D, 0x7E, 0x7F]] == 0x7F).all()
-        assert (expected[[0xFD, 0xFE, 0xFF]] == 0xFF).all()
+        assert (expected[[0x7D, 0x7E, 0x7F]] == 0x7E).all()
+        assert (expected[[0xFD, 0xFE, 0xFF]] == 0xFE).all()
     assert_codes(got, expected, x, f"{fmt.name} re-encode saturate={saturate}")
 
 
@@ -261,7 +261,7 @@ def test_e4m3fn_overflow_boundary(saturate):
     above = np.nextafter(np.float32(464), np.float32(np.inf))
     x = np.array([448, 464, above, 480, -464, -above], dtype=np.float32)
     over = 0x7E if saturate else 0x7F
-    over_neg = 0xFE if saturate else 0x7F
+    over_neg = 0xFE if saturate else 0xFF  # -NaN: the sign of x (the official Cast vectors)
     expected = [0x7E, 0x7E, over, over, 0xFE, over_neg]
     assert fo.encode_array(fmt, x, saturate).tolist() == expected
     assert_codes(quantize(x, scalar(1.0, np.float32), fmt, saturate), expected, x, "e4m3fn 464")
@@ -479,10 +479,11 @@ def test_negative_zero_kept(fmt):
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f.has_nan], ids=lambda f: f.name)
 @pytest.mark.parametrize("saturate", [0, 1])
 def test_nan_input_keeps_its_sign(fmt, saturate):
-    # The Cast tables' "-NaN -> -NaN" (e4m3fn, e5m2); nan="canonical": 0x7F for every NaN.
+    # The Cast tables' "-NaN -> -NaN" (e4m3fn, e5m2; e5m2's quiet NaN 0x7E, as the official
+    # Cast vectors); nan="canonical": 0x7F for every NaN.
     nan_bits = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF], dtype=np.uint32)
     x = nan_bits.view(np.float32)
-    expected = {"fn": [0x7F, 0xFF] * 2, "ieee": [0x7F, 0xFF] * 2, "fnuz": [0x80] * 4}[fmt.kind]
+    expected = {"fn": [0x7F, 0xFF] * 2, "ieee": [0x7E, 0xFE] * 2, "fnuz": [0x80] * 4}[fmt.kind]
     canonical = {"fn": [0x7F] * 4, "ieee": [0x7F] * 4, "fnuz": [0x80] * 4}[fmt.kind]
     for nan, want in [("spec", expected), ("canonical", canonical)]:
         got = quantize(x, scalar(1.0, np.float32), fmt, saturate, nan=nan)
@@ -621,10 +622,10 @@ def test_cast_table_rows_pinned():
     x = np.array([np.inf, -np.inf, np.nan, np.nan, -1e6, 1e6], dtype=np.float32)
     x[2:4] = np.array([0x7FC00000, 0xFFC00000], np.uint32).view(np.float32)
     want = {  # (format, saturate, opset): codes of x
-        (e4, 0, 28): [0x7F, 0xFF, 0x7F, 0xFF, 0x7F, 0x7F],
+        (e4, 0, 28): [0x7F, 0xFF, 0x7F, 0xFF, 0xFF, 0x7F],
         (e4, 1, 28): [0x7E, 0xFE, 0x7F, 0xFF, 0xFE, 0x7E],
-        (e5, 0, 28): [0x7C, 0xFC, 0x7F, 0xFF, 0xFC, 0x7C],
-        (e5, 1, 28): [0x7B, 0xFB, 0x7F, 0xFF, 0xFB, 0x7B],
+        (e5, 0, 28): [0x7C, 0xFC, 0x7E, 0xFE, 0xFC, 0x7C],
+        (e5, 1, 28): [0x7B, 0xFB, 0x7E, 0xFE, 0xFB, 0x7B],
         (e4z, 1, 23): [0x80, 0x80, 0x80, 0x80, 0xFF, 0x7F],
         (e4z, 1, 24): [0x7F, 0xFF, 0x80, 0x80, 0xFF, 0x7F],
         (e5z, 1, 21): [0x80, 0x80, 0x80, 0x80, 0xFF, 0x7F],

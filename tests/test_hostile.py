@@ -672,7 +672,7 @@ def test_unpack_buffer_of_the_wrong_type(buffer, names):
     rejected(lambda: qemu_q.unpack(buffer, "int4", (2,)), error=TypeError, names=names)
 
 
-@pytest.mark.parametrize("dtype, error", [(object(), TypeError), ("float64", ValueError), (np.complex64, ValueError),
+@pytest.mark.parametrize("dtype, error", [(object(), TypeError), ("float80", ValueError), (np.complex64, ValueError),
                                           (3.0, TypeError), (None, (TypeError, ValueError))])
 def test_unpack_dtype_rejected(dtype, error):
     # None is no type (numpy would read it as float64): the message names what was given.
@@ -680,7 +680,8 @@ def test_unpack_dtype_rejected(dtype, error):
     rejected(lambda: qemu_q.unpack(bytes(2), dtype, (2,)), error=error, names=names)
 
 
-@pytest.mark.parametrize("dtype", [object, np.complex64, np.bool_, "datetime64[s]", np.float64, "U2"])
+# bool and float64 are ONNX types (Cast's): pack gives their little-endian bytes.
+@pytest.mark.parametrize("dtype", [object, np.complex64, "datetime64[s]", np.longdouble, "U2"])
 def test_pack_foreign_dtype(dtype):
     array = np.zeros(4, dtype)
     rejected(lambda: qemu_q.pack(array), array, error=TypeError, names=("array", str(np.dtype(dtype))))

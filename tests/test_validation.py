@@ -155,8 +155,10 @@ def test_float16_scale_needs_opset_19_dequantize():
 
 
 def test_unknown_dtype_of_x():
-    with pytest.raises(TypeError, match=r"x has dtype float64, which no ONNX quantization op accepts"):
+    with pytest.raises(TypeError, match=r"QuantizeLinear-28 \(opset 28\) does not accept x of type double \(dtype float64\)\. Allowed: bfloat16, float, float16, int32"):
         ql(np.zeros(3), one())
+    with pytest.raises(TypeError, match=r"x has dtype complex64, which no ONNX quantization op accepts"):
+        ql(np.zeros(3, np.complex64), one())
 
 
 def test_unknown_output_dtype_name():
@@ -265,8 +267,8 @@ def test_zero_int32_dequantize_zero_point_accepted():
 # --- run_op and get_spec ---------------------------------------------------------------------------
 
 def test_run_op_unknown_op():
-    with pytest.raises(ValueError, match=r"unknown op 'QLinearConv'; known ops are DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear"):
-        qemu_q.run_op("QLinearConv", [], {}, 21)
+    with pytest.raises(ValueError, match=r"unknown op 'Gemm'; known ops are Cast, CastLike, ConvInteger, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearConv, QLinearMatMul, QuantizeLinear"):
+        qemu_q.run_op("Gemm", [], {}, 21)
 
 
 def test_run_op_opset_too_old():

@@ -39,7 +39,9 @@ def import_onnx():
 # Storage form: arrays numpy itself can save and load
 
 
-_NUMPY_NATIVE = frozenset(("float", "float16", "int8", "uint8", "int16", "uint16", "int32"))
+_NUMPY_NATIVE = frozenset((
+    "float", "float16", "int8", "uint8", "int16", "uint16", "int32", "double", "int64", "uint32",
+    "uint64", "bool"))
 
 
 def numpy_native(etype: ElementType) -> bool:

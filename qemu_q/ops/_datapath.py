@@ -11,6 +11,7 @@ import numpy as np
 from .. import _integer
 from .._dtypes import ELEMENT_TYPES, ElementType, array_element_type
 from .._opspec import OpSpec
+from .._validate import ArraySpec
 from .._rules import label
 from .._threads import resolve_threads
 
@@ -31,7 +32,7 @@ def check_choice(value, name: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def element(spec: OpSpec, opset, name: str, array: np.ndarray) -> ElementType:
+def element(spec: OpSpec, opset, name: str, array: "np.ndarray | ArraySpec") -> ElementType:
     from .._validate import check_type
 
     etype = array_element_type(array, name)
@@ -63,7 +64,8 @@ def exact_products_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         part = np.matmul(a[..., start:start + EXACT_DOUBLE_DEPTH],
                          b[..., start:start + EXACT_DOUBLE_DEPTH, :]).astype(np.int64)
         total = part if total is None else total + part
-    return total.astype(np.float64) if total is not None else total  # pragma: no cover
+    assert total is not None  # depth > EXACT_DOUBLE_DEPTH: the loop ran
+    return total.astype(np.float64)
 
 
 def wrap_to_int32(sums: np.ndarray, bias: np.ndarray | None, bias_per_row: bool,
@@ -202,7 +204,7 @@ def fraction_to_odd_double(value: Fraction) -> float:
         q, r = divmod(num, den << -shift)
     sticky = r != 0
     if q >> 53:
-        sticky = sticky or (q & 1)
+        sticky = sticky or bool(q & 1)
         q >>= 1
         shift -= 1
     q |= int(sticky)
@@ -242,12 +244,12 @@ def requantize_exact_sums(sums, shift: int, special, ieee, row_scale, col_scale,
     for r in range(rows):
         for c in range(cols):
             sa, sb, sy = float(row_scale[r]), float(col_scale[c]), float(y_scale)
+            exact: Fraction | None = None
+            s_value = 0.0  # read only where exact is None
             if special[r, c]:
                 s_value = float(ieee[r, c])
-                exact = None
             else:
                 exact = sums[r, c] * unit
-                s_value = None
             if rule == "exact":
                 if exact is not None and all(np.isfinite([sa, sb, sy])) and sy != 0.0:
                     real = exact * Fraction(sa) * Fraction(sb) / Fraction(sy)
@@ -277,7 +279,7 @@ def requantize_exact_sums(sums, shift: int, special, ieee, row_scale, col_scale,
         rounded = np.rint(values)
     else:
         rounded = values + zero_point
-    lo, hi = y_type.lo, y_type.hi
+    lo, hi = float(y_type.lo or 0), float(y_type.hi or 0)
     codes = np.where(np.isnan(rounded), lo, np.clip(np.nan_to_num(rounded, nan=lo), lo, hi))
     return codes.astype(np.int64).astype(y_type.dtype)
 

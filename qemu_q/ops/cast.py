@@ -52,8 +52,8 @@ class CastPlan:
 def _kind(etype: ElementType) -> tuple[int, int, int]:
     """(cast kind, bits, small-float format) of an element type, as CastConfig reads them."""
     if etype.kind == "integer":
-        return (CAST_SIGNED if etype.lo < 0 else CAST_UNSIGNED), etype.bits, 0
-    if etype.kind == "small_float":
+        return (CAST_SIGNED if (etype.lo or 0) < 0 else CAST_UNSIGNED), etype.bits, 0
+    if etype.kind == "small_float" and etype.small_float_id is not None:
         return CAST_SMALL_FLOAT, etype.bits, etype.small_float_id
     kinds = {"float": CAST_FLOAT32, "float16": CAST_FLOAT16, "bfloat16": CAST_BFLOAT16,
              "double": CAST_FLOAT64, "float8e8m0": CAST_E8M0, "bool": CAST_BOOL}

@@ -59,7 +59,7 @@ def _plan(op_type, opset, x_sig, w_sig, x_zp_sig, w_zp_sig, auto_pad, dilations,
           kernel_shape, pads, strides, accumulator) -> ConvPlan:
     spec = get_spec(op_type, opset)
     where = label(spec, opset)
-    x, w = ArraySpec.of_signature(x_sig), ArraySpec.of_signature(w_sig)
+    x, w = ArraySpec(*x_sig), ArraySpec(*w_sig)
     x_type = dp.element(spec, opset, "x", x)
     w_type = dp.element(spec, opset, "w", w)
     if not 3 <= x.ndim <= 5:
@@ -117,7 +117,7 @@ def _plan(op_type, opset, x_sig, w_sig, x_zp_sig, w_zp_sig, auto_pad, dilations,
                                              ("w_zero_point", w_zp_sig, w_type, True)):
         if sig is None:
             continue
-        zp = ArraySpec.of_signature(sig)
+        zp = ArraySpec(*sig)
         zp_type = dp.element(spec, opset, name, zp)
         if zp_type is not etype:
             raise TypeError(f"{where}: {name} has type {zp_type.name}; it must have the type of "
@@ -125,7 +125,7 @@ def _plan(op_type, opset, x_sig, w_sig, x_zp_sig, w_zp_sig, auto_pad, dilations,
         if not (dp.is_scalar_shape(zp.shape) or (per_channel_ok and zp.shape == (out_channels,))):
             allowed = f"a scalar or [{out_channels}] (per output channel)" if per_channel_ok else "a scalar (() or (1,))"
             raise ValueError(f"{where}: {name} has shape {zp.shape}; allowed: {allowed}")
-    w_zp_per_channel = w_zp_sig is not None and ArraySpec.of_signature(w_zp_sig).shape == (out_channels,) \
+    w_zp_per_channel = w_zp_sig is not None and ArraySpec(*w_zp_sig).shape == (out_channels,) \
         and out_channels != 1
     pairs = (accumulator == "x86-u8s8-pairs" and op_type == "QLinearConv" and x_type.name == "uint8"
              and w_type.name == "int8" and (channels // group) % 2 == 0)
@@ -187,11 +187,11 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
     padded = _pad(x_vals, plan, 0.0)  # a padded element is the zero point: 0 after subtraction
     win = _windows(padded, plan)
     order = (0, 1) + kernel_axes + out_axes
-    cols = np.ascontiguousarray(np.transpose(win, order)).reshape(plan.batch, groups, c_g * taps, positions)
+    columns = np.ascontiguousarray(np.transpose(win, order)).reshape(plan.batch, groups, c_g * taps, positions)
     w_vals = dp.int_values(w, plan.w_type).astype(np.float64) - w_zp_values.reshape((-1,) + (1,) * (rank + 1))
     w_mat = w_vals.reshape(groups, m_g, c_g * taps)
-    sums = dp.exact_products_sum(w_mat[None], cols)  # [N, G, Mg, L]
-    sums = sums.reshape(plan.batch * plan.out_channels, positions)
+    grouped = dp.exact_products_sum(w_mat[None], columns)  # [N, G, Mg, L]
+    sums = grouped.reshape(plan.batch * plan.out_channels, positions)
     row_bias = None if bias is None else np.ascontiguousarray(np.tile(bias.astype(np.int32), plan.batch))
     return dp.wrap_to_int32(sums, row_bias, True, n_threads).reshape(plan.batch, plan.out_channels, positions)
 

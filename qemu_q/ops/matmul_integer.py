@@ -61,7 +61,7 @@ def _zero_point_shape(where, name, shape, operand_shape, per_row: bool):
 def _plan(op_type, opset, a_sig, b_sig, a_zp_sig, b_zp_sig, accumulator) -> MatmulPlan:
     spec = get_spec(op_type, opset)
     where = label(spec, opset)
-    a, b = ArraySpec.of_signature(a_sig), ArraySpec.of_signature(b_sig)
+    a, b = ArraySpec(*a_sig), ArraySpec(*b_sig)
     a_name, b_name = spec.inputs[0].name, spec.inputs[3 if op_type == "QLinearMatMul" else 1].name
     a_type = dp.element(spec, opset, a_name, a)
     b_type = dp.element(spec, opset, b_name, b)
@@ -84,13 +84,13 @@ def _plan(op_type, opset, a_sig, b_sig, a_zp_sig, b_zp_sig, accumulator) -> Matm
             f"{b.shape[:-2]} do not broadcast"
         ) from None
     out_shape = tuple(batch) + ((a_shape[-2],) if a.ndim > 1 else ()) + ((b_shape[-1],) if b.ndim > 1 else ())
-    zp_shapes = []
+    zp_shapes: list[tuple | None] = []
     for zp_sig, name, shape, per_row, operand in ((a_zp_sig, "a_zero_point", a_shape, True, a),
                                                   (b_zp_sig, "b_zero_point", b_shape, False, b)):
         if zp_sig is None:
             zp_shapes.append(None)
             continue
-        zp = ArraySpec.of_signature(zp_sig)
+        zp = ArraySpec(*zp_sig)
         etype = dp.element(spec, opset, name, zp)
         if etype is not (a_type if per_row else b_type):
             raise TypeError(f"{where}: {name} has type {etype.name}; it must have the type of "

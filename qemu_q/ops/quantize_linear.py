@@ -83,10 +83,10 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         raise TypeError(f"{where}: x and y_scale share type T1; got x {x_type.name} and y_scale {scale_type.name}")
 
     zp_type = None if zero_point is None else array_element_type(zero_point, "y_zero_point")
-    out_type = quantize_output_type(spec, output_dtype, zp_type, where)
-    check_type(spec, opset, "y", out_type)
     if zp_type is not None:
         check_type(spec, opset, "y_zero_point", zp_type)
+    out_type = quantize_output_type(spec, output_dtype, zp_type, where)
+    check_type(spec, opset, "y", out_type)
 
     precision_type = division_precision(spec, scale_type, precision, where)
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,

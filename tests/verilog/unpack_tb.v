@@ -10,7 +10,7 @@
 // Plusargs:
 //   +hex=FILE      the hex file
 //   +word=N        word width of the file: 8, 16, 32 or 64
-//   +bits=N        bits per element: 2, 4, 6, 8, 16 or 32
+//   +bits=N        bits per element: 2, 4, 6, 8, 16, 32 or 64
 //   +count=N       number of elements
 //   +signed=0|1    sign-extend elements (the signed integer types)
 // Output: one line "E <value>" per element, in decimal; signed elements as signed values,
@@ -26,7 +26,7 @@ module unpack_tb;
   reg [8*4096-1:0] path;
   integer word_bits, bits, count, is_signed;
   integer i, j, stream_bit, n_words;
-  reg [31:0] value;
+  reg [63:0] value;
 
   initial begin
     if (!$value$plusargs("hex=%s", path)) begin
@@ -52,13 +52,13 @@ module unpack_tb;
       $readmemh(path, mem, 0, n_words - 1);
 
     for (i = 0; i < count; i = i + 1) begin
-      value = 32'd0;
+      value = 64'd0;
       for (j = 0; j < bits; j = j + 1) begin
         stream_bit = i * bits + j;
         value[j] = mem[stream_bit / word_bits][stream_bit % word_bits];
       end
-      if (is_signed != 0 && bits < 32 && value[bits - 1])
-        value = value | (32'hFFFFFFFF << bits);
+      if (is_signed != 0 && bits < 64 && value[bits - 1])
+        value = value | (64'hFFFFFFFFFFFFFFFF << bits);
       if (is_signed != 0)
         $display("E %0d", $signed(value));
       else
