@@ -8,7 +8,12 @@ thread count.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from ._dtypes import ElementType
 
 from . import _kernels, _packing
 
@@ -62,3 +67,21 @@ def entry(path: Path):
 
 def run(path: Path, *args):
     return entry(path)(*args)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """What an op family's cached plan holds: the label its errors use, the input and
+    output types, and the fields of its kernel configuration, decided once; each family
+    names its path and configuration class."""
+    label: str
+    x_type: ElementType
+    out_type: ElementType
+    kernel_fields: tuple
+    configs: dict = field(default_factory=dict, compare=False, repr=False)
+    PATH: ClassVar[Path]
+    CONFIG_CLASS: ClassVar[str]
+
+    def kernel_config(self):
+        """The configuration object of the loaded kernel level, built once per plan and level."""
+        return configured(self.configs, self.PATH, self.CONFIG_CLASS, self.kernel_fields)

@@ -40,6 +40,17 @@ def element(spec: OpSpec, opset, name: str, array: "np.ndarray | ArraySpec") -> 
     return etype
 
 
+def coerce_qlinear(requantization, accumulator,
+                   inputs: dict) -> tuple[str, str, list[tuple[str, np.ndarray]]]:
+    """The QLinear ops' options checked and their eight inputs as (name, array) pairs, in
+    order."""
+    from .. import _coerce
+
+    rule = check_choice(requantization, "requantization", REQUANTIZATION_RULES)
+    accumulator = check_choice(accumulator, "accumulator", ACCUMULATORS)
+    return rule, accumulator, [(name, _coerce.as_array(value, name)) for name, value in inputs.items()]
+
+
 def is_scalar_shape(shape: tuple) -> bool:
     return shape == () or shape == (1,)
 

@@ -6,7 +6,7 @@ The rules, row by row, are in docs/semantics.md ("Cast"); the kernels in pyx/_ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -36,17 +36,10 @@ _STRING_MESSAGE = (
 
 
 @dataclass(frozen=True)
-class CastPlan:
-    label: str
-    x_type: ElementType
-    out_type: ElementType
-    # The kernel configuration's fields (pyx/_cast.pyx: CastConfig); the loop is decided
-    # here, once.
-    kernel_fields: tuple
-    configs: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def kernel_config(self):
-        return _dispatch.configured(self.configs, Path.CAST, "CastConfig", self.kernel_fields)
+class CastPlan(_dispatch.KernelPlan):
+    # kernel_fields: pyx/_cast.pyx's CastConfig; the loop is decided here, once.
+    PATH = Path.CAST
+    CONFIG_CLASS = "CastConfig"
 
 
 def _kind(etype: ElementType) -> tuple[int, int, int]:

@@ -250,12 +250,10 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     `requantization` ("exact", the default; "float32": onnxruntime; "float64":
     onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md)."""
     opset = normalize_opset(opset)
-    rule = dp.check_choice(requantization, "requantization", dp.REQUANTIZATION_RULES)
-    accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
-    names = ("x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point")
-    arrays = [_coerce.as_array(v, n) for v, n in zip(
-        (x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point), names)]
-    x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point = arrays
+    rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(
+        x=x, x_scale=x_scale, x_zero_point=x_zero_point, w=w, w_scale=w_scale,
+        w_zero_point=w_zero_point, y_scale=y_scale, y_zero_point=y_zero_point))
+    x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point = [array for _, array in named]
     B = _coerce.optional_array(B, "B")
     plan = _conv_plan("QLinearConv", opset, x, w, x_zero_point, w_zero_point, auto_pad, dilations,
                       group, kernel_shape, pads, strides, accumulator)
@@ -282,7 +280,7 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     y = dp.requantize(acc.reshape(-1, positions), row_scale, col_scale,
                       np.float32(y_scale.reshape(-1)[0]), y_zero_point, y_type, dp.ELEMENT_TYPES["float"],
                       rule, opset, n_threads)
-    return _finish(plan, y, y_type, out, list(zip(names, arrays)) + [("B", B)])
+    return _finish(plan, y, y_type, out, named + [("B", B)])
 
 
 def _conv_attributes(attributes) -> dict:

@@ -4,7 +4,7 @@ rounded once to the output type."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -14,7 +14,7 @@ from .._buffers import (
     LITTLE_ENDIAN, finish_output, flat_storage, kernel_output, packed_input, prepare_output,
 )
 from .._dispatch import Path
-from .._dtypes import ELEMENT_TYPES, FMT_FLOAT32, ElementType, array_element_type
+from .._dtypes import ELEMENT_TYPES, FMT_FLOAT32, array_element_type
 from .._opspec import get_spec, normalize_opset
 from .._params import check_zero_point_values, kernel_parameters
 from .._registry import register
@@ -39,17 +39,10 @@ def decode_table(type_name: str) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class DequantizePlan:
-    label: str
-    x_type: ElementType
-    out_type: ElementType
-    # The kernel configuration's fields (pyx/_dequantize.pyx: DequantizeConfig).
-    kernel_fields: tuple
-    configs: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def kernel_config(self):
-        """The DequantizeConfig of the loaded kernel level, built once per plan and level."""
-        return _dispatch.configured(self.configs, Path.DEQUANTIZE, "DequantizeConfig", self.kernel_fields)
+class DequantizePlan(_dispatch.KernelPlan):
+    # kernel_fields: pyx/_dequantize.pyx's DequantizeConfig.
+    PATH = Path.DEQUANTIZE
+    CONFIG_CLASS = "DequantizeConfig"
 
 
 @lru_cache(maxsize=512)

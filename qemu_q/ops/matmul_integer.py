@@ -187,12 +187,10 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     (onnxruntime's float32 multiplier and product), "float64" (onnx.reference's order).
     float8 operands (opset >= 21) are summed exactly (docs/semantics.md)."""
     opset = normalize_opset(opset)
-    rule = dp.check_choice(requantization, "requantization", dp.REQUANTIZATION_RULES)
-    accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
-    names = ("a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point")
-    arrays = [_coerce.as_array(v, n) for v, n in zip(
-        (a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point), names)]
-    a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point = arrays
+    rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(
+        a=a, a_scale=a_scale, a_zero_point=a_zero_point, b=b, b_scale=b_scale,
+        b_zero_point=b_zero_point, y_scale=y_scale, y_zero_point=y_zero_point))
+    a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point = [array for _, array in named]
     plan = cached_plan(_plan, ("QLinearMatMul", opset, signature(a), signature(b),
                                signature(a_zero_point), signature(b_zero_point), accumulator))
     spec = get_spec("QLinearMatMul", opset)
@@ -245,7 +243,7 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
                 dp.requantize(acc[i * m:(i + 1) * m], row_scale[i * m:(i + 1) * m], col_scale_full[i],
                               y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads)
                 for i in range(items)])
-    return _finish(plan, y, out, [(nm, arr) for nm, arr in zip(names, arrays)])
+    return _finish(plan, y, out, named)
 
 
 def _float_values(operand, etype: ElementType, zero_point, zp_shape) -> np.ndarray:

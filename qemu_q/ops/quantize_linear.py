@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
@@ -15,7 +15,7 @@ from .._buffers import (
 from .._dispatch import Path
 from .._dtypes import (
     CODE_INTEGER, CODE_SMALL_FLOAT, FMT_FLOAT32, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, PATH_GENERAL,
-    SF_RULE_FNUZ_INF_NAN, SF_RULE_NAN_SIGN, ElementType, array_element_type,
+    SF_RULE_FNUZ_INF_NAN, SF_RULE_NAN_SIGN, array_element_type,
 )
 from .._opspec import cast_float8_table, get_spec, normalize_opset
 from .._pack import packed_size
@@ -38,22 +38,14 @@ _FLOAT32_DIVISION_SCALES = ("float", "float16", "bfloat16", "float8e8m0")
 
 
 @dataclass(frozen=True)
-class QuantizePlan:
-    label: str
-    x_type: ElementType
-    out_type: ElementType
-    # The kernel configuration's fields (pyx/_quantize.pyx: QuantizeConfig); the path is
-    # decided here, once.
-    kernel_fields: tuple
-    configs: dict = field(default_factory=dict, compare=False, repr=False)
+class QuantizePlan(_dispatch.KernelPlan):
+    # kernel_fields: pyx/_quantize.pyx's QuantizeConfig; the path is decided here, once.
+    PATH = Path.QUANTIZE
+    CONFIG_CLASS = "QuantizeConfig"
 
     @property
     def path(self) -> int:
         return dict(self.kernel_fields)["path"]
-
-    def kernel_config(self):
-        """The QuantizeConfig of the loaded kernel level, built once per plan and level."""
-        return _dispatch.configured(self.configs, Path.QUANTIZE, "QuantizeConfig", self.kernel_fields)
 
 
 @lru_cache(maxsize=512)
