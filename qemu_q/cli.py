@@ -5,6 +5,9 @@
     qemu-q dequantize X SCALE [ZP]    DequantizeLinear on .npy / .npz / .pb / .hex files
     qemu-q spec OP [--opset N]        the op-spec entry a model at that opset runs
     qemu-q verify GOLDEN_DIR ACTUAL   compare outputs with a golden suite, bit for bit
+    qemu-q run MODEL.onnx --input NAME=FILE ... --dump DIR
+                                      run a whole model with qemu_q's bits at every node
+                                      it implements; dump every tensor (.pb, .hex)
 
 Errors are one line on stderr; the exit code is 2 for a usage error (an unknown option,
 op, type or opset, an option combination that cannot work, an input whose type must be
@@ -197,6 +200,26 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     v.add_argument("--max-mismatches", type=_int, default=10, metavar="N",
                    help="mismatching elements shown per case (default 10)")
+
+    r = commands.add_parser(
+        "run", help="run a whole ONNX model and dump every tensor",
+        description="Run an ONNX model with onnx.reference, qemu_q computing every node it "
+                    "implements (the Q/DQ family, Cast, the integer ops), and write every "
+                    "tensor of the run (graph inputs, the initializers the nodes read, every "
+                    "node output) to DIR as an ONNX TensorProto .pb and a $readmemh .hex, "
+                    "with manifest.json mapping tensor names to files, types, shapes and "
+                    "producing nodes. Needs the onnx extra.",
+        epilog="Example: qemu-q run model.onnx --input image=image.npy --dump golden_net",
+    )
+    r.add_argument("model", metavar="MODEL", help="the .onnx model")
+    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE",
+                   help="a graph input: .npy (numpy types), or a typed .npz / .pb / .hex as "
+                        "the quantize command reads them; once per input")
+    r.add_argument("--dump", required=True, metavar="DIR",
+                   help="directory for the tensors (created; must be empty unless --force)")
+    r.add_argument("--force", action="store_true", help="write into a non-empty DIR")
+    r.add_argument("--word-bits", type=_int, default=32, choices=(8, 16, 32, 64),
+                   help="word width of the .hex files (default 32)")
     return parser
 
 
@@ -739,6 +762,36 @@ def cmd_verify(args) -> int:
     return 0 if report.ok(args.allow_missing) else 1
 
 
+def cmd_run(args) -> int:
+    from .golden.writers import import_onnx
+    from .model_run import ModelInputError, dump, run_model
+
+    import_onnx()  # a clear message when the onnx extra is missing
+    if not os.path.isfile(args.model):
+        raise RuntimeError(f"no such model file {args.model}")
+    feeds = {}
+    for item in args.input:
+        name, separator, path = item.partition("=")
+        if not separator or not name or not path:
+            raise UsageError(f"{PROG} run: --input {item!r}: expected NAME=FILE")
+        if name in feeds:
+            raise UsageError(f"{PROG} run: --input {name} is given twice")
+        feeds[name], _typed = _load_array(path, f"--input {name}")
+    if os.path.exists(args.dump) and not os.path.isdir(args.dump):
+        raise UsageError(f"{PROG} run: --dump {args.dump} exists and is not a directory")
+    if os.path.isdir(args.dump) and os.listdir(args.dump) and not args.force:
+        raise UsageError(f"{PROG} run: --dump {args.dump} is not empty; use --force")
+    try:
+        tensors = run_model(args.model, feeds)
+    except ModelInputError as error:
+        raise UsageError(f"{PROG} run: {error}") from None
+    os.makedirs(args.dump, exist_ok=True)
+    manifest = dump(tensors, args.dump, _write_file, args.word_bits)
+    print(f"{PROG} run: {len(manifest['tensors'])} tensors -> {args.dump}/ (.pb, .hex, "
+          f"manifest.json)")
+    return 0
+
+
 # --------------------------------------------------------------------------------------
 
 
@@ -774,6 +827,8 @@ def _main(argv) -> int:
             return cmd_apply(args, "DequantizeLinear")
         if args.command == "verify":
             return cmd_verify(args)
+        if args.command == "run":
+            return cmd_run(args)
         return cmd_spec(args)
     except SystemExit as done:  # --help and --version
         return done.code if isinstance(done.code, int) else 0
