@@ -477,28 +477,14 @@ def _type_arg(text: str, option: str, command: str):
         raise UsageError(f"{PROG} {command}: {error}") from None
 
 
-def _round_to_odd_float32(values: np.ndarray) -> np.ndarray:
-    """float64 to float32, rounding inexact results to the neighbour with an odd last bit:
-    a second rounding to any type of at most 22 significant bits (bfloat16, the small
-    floats) then gives the correctly rounded result, where float64 -> float32 -> type
-    with two round-to-nearest steps can round twice (ml_dtypes' own float64 casts do)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        rounded = values.astype(np.float32)
-        back = rounded.astype(np.float64)
-    inexact = np.isfinite(values) & (back != values)
-    toward_zero = np.where(inexact & (np.abs(back) > np.abs(values)),
-                           np.nextafter(rounded, np.float32(0)), rounded)
-    return (toward_zero.view(np.uint32) | inexact.astype(np.uint32)).view(np.float32)
-
-
 def cast_to(array: np.ndarray, etype) -> np.ndarray:
-    """A float array converted to the float type `etype`, rounded to nearest even once
-    (overflow gives inf, or NaN for types without inf, as ml_dtypes converts)."""
-    wide = array.astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        if etype.name in ("float", "float16"):
-            return wide.astype(etype.dtype)  # numpy rounds float64 to these correctly
-        return _round_to_odd_float32(wide).astype(etype.dtype)
+    """A float array converted to the float type `etype` by ONNX Cast (qemu_q.cast, the
+    newest version): rounded to nearest even once, saturate=0 (overflow gives inf, or the
+    Cast table's NaN / +-max where the type has no inf), float8e8m0 to the nearest power
+    of two."""
+    from .ops.cast import cast
+
+    return cast(array, etype, saturate=0, round_mode="nearest")
 
 
 def _typed(array: np.ndarray, typed: bool, type_name: str | None, role: str, args,
