@@ -170,19 +170,22 @@ cdef void cast_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef Py_ssize_t start = task * CAST_CHUNK
     cdef Py_ssize_t stop = min(start + CAST_CHUNK, w.n)
     cdef Py_ssize_t i
+    # Locals: a store through uint8_t* may alias anything, so fields read through `w` in
+    # the loop would be reloaded every iteration and the loop would not vectorize.
     cdef const float* x32 = <const float*>w.x
+    cdef uint8_t* y8 = w.y
     cdef SmallFloat32Encoder encoder
     cdef int round_mode
     cdef bint saturate
     if p.path == CAST_PATH_F32_SMALL_FLOAT:
         encoder = p.encoder  # a local copy: loop invariants the compiler can keep in registers
         for i in range(start, stop):
-            w.y[i] = <uint8_t>encode_small_float32(x32[i], &encoder)
+            y8[i] = <uint8_t>encode_small_float32(x32[i], &encoder)
     elif p.path == CAST_PATH_F32_E8M0:
         round_mode = p.round_mode
         saturate = p.saturate
         for i in range(start, stop):
-            w.y[i] = <uint8_t>encode_e8m0(x32[i], round_mode, saturate)
+            y8[i] = <uint8_t>encode_e8m0(x32[i], round_mode, saturate)
     else:
         for i in range(start, stop):
             store(w.y, i, p.target_bytes, convert(load(w.x, i, p.source_bytes), p))

@@ -507,27 +507,19 @@ cdef inline int encode_e8m0(float v, int round_mode, bint saturate) noexcept nog
     # every round_mode: out-of-range inputs saturate to the nearer end or give NaN, and
     # every value at or below zero counts as below E8M0_MIN (docs/semantics.md, "Cast").
     # Inside [2**-127, 2**127] both neighbouring powers of two are codes, so rounding
-    # cannot leave the range.
-    cdef uint32_t u = float_bits(v)
-    cdef uint32_t mantissa
-    cdef int exponent
-    if v != v:
-        return 0xFF
-    if (u >> 31) != 0 or u < 0x00400000:  # -0, negatives, and [0, 2**-127)
-        return 0x00 if saturate else 0xFF
-    if u > 0x7F000000:  # above 2**127, +inf included
-        return 0xFE if saturate else 0xFF
-    if u >= 0x00800000:
-        exponent = <int>(u >> 23) - 127
-        mantissa = u & 0x7FFFFF
-    else:  # [2**-127, 2**-126): a float32 subnormal whose leading bit is bit 22
-        exponent = -127
-        mantissa = (u << 1) & 0x7FFFFF
-    if round_mode == E8M0_UP:
-        exponent += mantissa != 0
-    elif round_mode == E8M0_NEAREST:
-        exponent += mantissa >= 0x400000
-    return exponent + 127
+    # cannot leave the range. Branch-free (selects), so that the float32 loop vectorizes.
+    cdef int32_t u = <int32_t>float_bits(v)
+    cdef int32_t magnitude = u & 0x7FFFFFFF
+    cdef bint normal = magnitude >= 0x00800000
+    # [2**-127, 2**-126) is a float32 subnormal whose leading bit is bit 22
+    cdef int32_t exponent = select_i32(normal, (magnitude >> 23) - 127, -127)
+    cdef int32_t mantissa = select_i32(normal, magnitude & 0x7FFFFF, (magnitude << 1) & 0x7FFFFF)
+    cdef int32_t step = select_i32(round_mode == E8M0_UP, mantissa != 0,
+                                   select_i32(round_mode == E8M0_NEAREST, mantissa >= 0x400000, 0))
+    cdef int32_t code = exponent + step + 127
+    code = select_i32(u > 0x7F000000, 0xFE if saturate else 0xFF, code)  # above 2**127, +inf
+    code = select_i32(u < 0x00400000, 0x00 if saturate else 0xFF, code)  # negatives (u < 0), [0, 2**-127)
+    return select_i32(magnitude > 0x7F800000, 0xFF, code)  # NaN, either sign
 
 
 cdef inline float decode_e8m0(uint32_t code) noexcept nogil:
