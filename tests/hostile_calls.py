@@ -68,6 +68,11 @@ OUTPUT_VALID = [None, 0, "int8", "uint8", "int4", "uint2", "int16", "float8e4m3f
 OUTPUT_INVALID = [999, -1, 2**64, "int3", "", object(), 1.5, 2.0, [3], np.dtype(np.float64), np.float64]
 OPSET_VALID = [None, 10, 11, 13, 19, 20, 21, 23, 24, 25, 28]
 OPSET_INVALID = [0, -1, 9, 29, 2**64, 21.0, True, "21", fractions.Fraction(21), np.float64(21), b"21"]
+CAST_TO_VALID = ["float", "double", 11, np.float64, "bool", np.bool_, "uint64", 13, "int4", "float8e8m0",
+                 "float4e2m1", 17, ml_dtypes.bfloat16, "float6e3m2", "int2", np.dtype(np.int32)]
+CAST_TO_INVALID = [8, "string", 999, -1, "int3", "", object(), 1.5, [3], np.complex64, True]
+ROUND_MODE_VALID = ["up", "down", "nearest", b"up", b"nearest"]
+ROUND_MODE_INVALID = ["UP", "", 1, None, b"\xff", "sideways"]
 THREADS_VALID = [None, 1, 2, np.int64(2)]
 THREADS_INVALID = [0, -1, MAX_THREADS + 1, 10**5, 2**31, 2**63, 2**64, True, False, 1.5, "2", [2]]
 
@@ -268,8 +273,8 @@ def gen_out(rng, nrng, x):
 
 def gen_call(rng: random.Random, nrng):
     """(description, callable, inputs to fingerprint, reasons the call must be rejected)."""
-    op = rng.choices(["quantize", "dequantize", "dynamic", "pack", "unpack", "run_op"],
-                     weights=[40, 25, 5, 10, 10, 10])[0]
+    op = rng.choices(["quantize", "dequantize", "dynamic", "pack", "unpack", "run_op", "cast"],
+                     weights=[40, 25, 5, 10, 10, 10, 12])[0]
     reasons = []
     kwargs = {}
 
@@ -333,6 +338,25 @@ def gen_call(rng: random.Random, nrng):
         inputs = (args,)
         text = f"{op}({', '.join(describe(a) for a in args)}, {describe(kwargs)})"
         return text, (lambda: fn(*args, **kwargs)), inputs, reasons
+
+    if op == "cast":
+        x, foreign = gen_x(rng, nrng, foreign_p=0.2, dtypes=ONNX_DTYPES + CAST_ONLY_DTYPES)
+        if foreign and x.dtype not in [np.dtype(d) for d in CAST_ONLY_DTYPES]:
+            reasons.append(f"x={describe(x)}")
+        to, bad = pick(rng, CAST_TO_VALID, CAST_TO_INVALID)
+        if bad:
+            reasons.append(f"to={describe(to)}")
+        attribute("saturate", SATURATE_VALID, SATURATE_INVALID, p=0.3)
+        attribute("round_mode", ROUND_MODE_VALID, ROUND_MODE_INVALID, p=0.3)
+        attribute("opset", OPSET_VALID + [1, 6, 9, 13], OPSET_INVALID[:-5] + [0], p=0.5)
+        attribute("n_threads", THREADS_VALID, THREADS_INVALID, p=0.3)
+        out, bad_out = gen_out(rng, nrng, x)
+        if out is not None:
+            kwargs["out"] = out
+            if bad_out:
+                reasons.append(f"out={describe(out)}")
+        return (f"cast({describe(x)}, {describe(to)}, {describe(kwargs)})",
+                lambda: qemu_q.cast(x, to, **kwargs), (x,), reasons)
 
     if op == "dynamic":
         x, foreign = gen_x(rng, nrng, foreign_p=0.3, dtypes=[np.float32] * 6 + ONNX_DTYPES)
