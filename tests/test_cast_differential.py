@@ -83,6 +83,8 @@ def as_codes(values, bits):
 def binary_code(value: float, name: str) -> int:
     """The float32/float16/bfloat16 code of x rounded once (ties to even) from its exact value."""
     rounded = fo.round_to_binary(Fraction(value), name)
+    if rounded == 0:  # underflow keeps the sign
+        return peers.float_bits(math.copysign(0.0, value), name)
     return peers.float_bits(rounded, name)
 
 
