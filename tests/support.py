@@ -35,3 +35,16 @@ def assert_same_bits(got, expected, what: str = "") -> None:
             f"{what}: {bad.size} of {g.size} differ; at {i.tolist()} got "
             f"{[hex(v) for v in g[i].tolist()]} expected {[hex(v) for v in e[i].tolist()]}"
         )
+
+
+# docs/divergences.md: heading -> the name of the test that pins the entry (test_divergences.py
+# checks that every heading has one); filled by `divergence_entry`.
+DIVERGENCE_ENTRIES: dict[str, str] = {}
+
+
+def divergence_entry(heading: str):
+    """Decorator: the test pins the docs/divergences.md entry with this heading."""
+    def register(test):
+        DIVERGENCE_ENTRIES[heading] = test.__name__
+        return test
+    return register
