@@ -344,6 +344,15 @@ def test_opset_resolution_and_attributes():
     assert qemu_q.cast(x, "float16", saturate=0, opset=25).tolist() == [math.inf]
 
 
+def test_cast_to_the_same_type_keeps_every_bit():
+    for dtype in (F16, BF16, F32, ml_dtypes.float8_e5m2):
+        x = every(dtype)[:256] if dtype != ml_dtypes.float8_e5m2 else np.arange(256, dtype=np.uint8).view(dtype)
+        y = qemu_q.cast(x, np.dtype(dtype), opset=25)
+        assert y is not x and np.array_equal(bits(y), bits(x)), dtype  # signalling NaNs too
+    x = np.uint16([0x7C01, 0xFC01]).view(F16)
+    assert bits(qemu_q.cast(x, F16)).tolist() == [0x7C01, 0xFC01]
+
+
 def test_input_unchanged_and_out():
     x = np.float32([[1.5, -2.25], [np.nan, 7.0]])
     before = x.copy()
