@@ -1,0 +1,286 @@
+"""MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv against an oracle written from
+the spec text and docs/semantics.md ("Integer datapath"): Python integers and Fractions,
+direct loops, never qemu_q. Seeded random cases over shapes, broadcasting, conv geometry,
+zero points, int32 overflow and requantization ties."""
+
+import itertools
+import math
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import float_oracle as fo
+import qemu_q
+
+BF16 = ml_dtypes.bfloat16
+
+
+def wrap32(n: int) -> int:
+    n %= 1 << 32
+    return n - (1 << 32) if n >= 1 << 31 else n
+
+
+def rne(q: Fraction) -> int:
+    return fo.round_half_even(q)
+
+
+# ------------------------------------------------------------------ oracle: accumulation
+
+
+def matmul_oracle(a, b, a_zp, b_zp):
+    """numpy matmul semantics on Python ints; a_zp per row ([M]) or scalar, b_zp per column
+    ([N]) or scalar; the sum wrapped to int32."""
+    a = np.asarray(a, dtype=object)
+    b = np.asarray(b, dtype=object)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    out = np.empty(batch + (m, n), dtype=object)
+    za = np.broadcast_to(np.asarray(a_zp, dtype=object).reshape(-1, 1) if np.ndim(a_zp) else a_zp, (m, 1))
+    zb = np.broadcast_to(np.asarray(b_zp, dtype=object).reshape(1, -1) if np.ndim(b_zp) else b_zp, (1, n))
+    def item(operand, index):
+        # numpy broadcasting: batch dimensions align from the right; size 1 repeats
+        dims = operand.shape[:-2]
+        offset = len(index) - len(dims)
+        return operand[tuple(index[offset + i] if s > 1 else 0 for i, s in enumerate(dims))]
+
+    for index in np.ndindex(*batch):
+        ai, bi = item(a2, index), item(b2, index)
+        for r in range(m):
+            for c in range(n):
+                total = sum((int(ai[r, t]) - int(za[r, 0])) * (int(bi[t, c]) - int(zb[0, c]))
+                            for t in range(k))
+                out[index + (r, c)] = wrap32(total)
+    if a.ndim == 1:
+        out = out[..., 0, :]
+    if b.ndim == 1:
+        out = out[..., 0]
+    return out
+
+
+def conv_geometry(in_sizes, kernel, strides, dilations, pads, auto_pad):
+    """(begin pads, output sizes) by the ONNX Conv text."""
+    n = len(in_sizes)
+    begins, outs = [], []
+    for i in range(n):
+        dk = (kernel[i] - 1) * dilations[i] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = -(-in_sizes[i] // strides[i])
+            total = max(0, (out - 1) * strides[i] + dk - in_sizes[i])
+            begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        elif auto_pad == "VALID":
+            begin, out = 0, (in_sizes[i] - dk) // strides[i] + 1
+        else:
+            begin = pads[i]
+            out = (in_sizes[i] + pads[i] + pads[i + n] - dk) // strides[i] + 1
+        begins.append(begin)
+        outs.append(out)
+    return begins, outs
+
+
+def conv_oracle(x, w, x_zp, w_zp, group, strides, dilations, pads, auto_pad, bias=None):
+    x = np.asarray(x, dtype=object)
+    w = np.asarray(w, dtype=object)
+    batch, channels = x.shape[:2]
+    out_channels, per_group = w.shape[:2]
+    kernel = w.shape[2:]
+    begins, outs = conv_geometry(x.shape[2:], kernel, strides, dilations, pads, auto_pad)
+    m_per_group = out_channels // group
+    wz = list(np.broadcast_to(np.asarray(w_zp, dtype=object).reshape(-1), (out_channels,)))
+    y = np.empty((batch, out_channels) + tuple(outs), dtype=object)
+    for nb, oc in itertools.product(range(batch), range(out_channels)):
+        g = oc // m_per_group
+        for pos in itertools.product(*(range(o) for o in outs)):
+            total = 0 if bias is None else int(bias[oc])
+            for ic in range(per_group):
+                for tap in itertools.product(*(range(k) for k in kernel)):
+                    coords = [pos[i] * strides[i] + tap[i] * dilations[i] - begins[i] for i in range(len(pos))]
+                    inside = all(0 <= c < s for c, s in zip(coords, x.shape[2:]))
+                    xv = int(x[(nb, g * per_group + ic) + tuple(coords)]) if inside else int(x_zp)
+                    total += (xv - int(x_zp)) * (int(w[(oc, ic) + tap]) - int(wz[oc]))
+            y[(nb, oc) + pos] = wrap32(total)
+    return y
+
+
+# ------------------------------------------------------------------ oracle: requantization
+
+
+def requantize(acc, sa, sb, sy, zp, lo, hi, rule, scale_type=np.float32):
+    """One output element by the named rule (docs/semantics.md)."""
+    if rule == "exact":
+        v = Fraction(int(acc)) * Fraction(float(sa)) * Fraction(float(sb)) / Fraction(float(sy))
+        return min(max(rne(v) + int(zp), lo), hi)
+    if rule == "float32":
+        f = np.float32
+        m = f(f(f(sa) * f(sb)) / f(sy))
+        v = f(f(acc) * m)
+        return min(max(rne(Fraction(float(v))) + int(zp), lo), hi)
+    t = np.dtype(scale_type).type
+    m = float(t(t(t(sa) * t(sb)) / t(sy)))
+    d = float(acc) * m + float(int(zp))
+    return min(max(rne(Fraction(d)), lo), hi)
+
+
+# ------------------------------------------------------------------ tests
+
+RNG = np.random.default_rng(2026)
+CODES = {np.uint8: (0, 255), np.int8: (-128, 127)}
+
+
+def codes(dtype, shape, extreme=False):
+    lo, hi = CODES[dtype]
+    if extreme:
+        return RNG.choice([lo, hi], size=shape).astype(dtype)
+    return RNG.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
+
+
+MATMUL_SHAPES = [((3, 4), (4, 5)), ((4,), (4, 3)), ((2, 4), (4,)), ((2, 1, 3, 4), (3, 4, 2)),
+                 ((5,), (5,)), ((1, 2, 3), (2, 3, 1))]
+
+
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES, ids=str)
+@pytest.mark.parametrize("types", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8), (np.int8, np.uint8)],
+                         ids=lambda t: f"{np.dtype(t[0])}x{np.dtype(t[1])}")
+def test_matmul_integer(shapes, types):
+    a, b = codes(types[0], shapes[0]), codes(types[1], shapes[1])
+    m = 1 if len(shapes[0]) == 1 else shapes[0][-2]
+    n = 1 if len(shapes[1]) == 1 else shapes[1][-1]
+    for a_zp, b_zp in [(None, None), (codes(types[0], ()), codes(types[1], ())),
+                       (codes(types[0], (m,)) if len(shapes[0]) > 1 else codes(types[0], ()),
+                        codes(types[1], (n,)) if len(shapes[1]) > 1 else codes(types[1], ()))]:
+        got = qemu_q.matmul_integer(a, b, a_zp, b_zp)
+        want = matmul_oracle(a, b, 0 if a_zp is None else a_zp, 0 if b_zp is None else b_zp)
+        assert got.dtype == np.int32 and got.shape == want.shape
+        assert got.tolist() == want.tolist()
+        (via_run_op,) = qemu_q.run_op("MatMulInteger", [a, b, a_zp, b_zp], {}, 10)
+        assert via_run_op.tolist() == want.tolist()
+
+
+def test_matmul_integer_int32_wrap():
+    # K large with extreme codes: the exact sum leaves int32 and wraps.
+    k = 70_000
+    a = np.full((1, k), 255, np.uint8)
+    b = np.full((k, 2), 255, np.uint8)
+    got = qemu_q.matmul_integer(a, b, np.uint8(0), np.uint8(0))
+    assert got.tolist() == [[wrap32(255 * 255 * k)] * 2]
+    assert 255 * 255 * k > 2**31  # it really overflows
+
+
+CONV_CASES = [  # x shape, w shape, group, strides, dilations, pads, auto_pad
+    ((1, 2, 5), (3, 2, 3), 1, (1,), (1,), (0, 0), "NOTSET"),
+    ((2, 2, 6), (2, 1, 2), 2, (2,), (1,), (1, 0), "NOTSET"),
+    ((1, 3, 5, 4), (4, 3, 3, 2), 1, (1, 1), (1, 1), (1, 0, 1, 1), "NOTSET"),
+    ((1, 2, 6, 5), (2, 2, 3, 3), 1, (2, 1), (1, 2), None, "SAME_UPPER"),
+    ((1, 2, 6, 5), (2, 2, 3, 3), 1, (2, 2), (1, 1), None, "SAME_LOWER"),
+    ((1, 4, 5, 5), (4, 1, 3, 3), 4, (1, 1), (1, 1), None, "VALID"),  # depthwise
+    ((1, 2, 3, 4, 3), (2, 2, 2, 2, 2), 1, (1, 2, 1), (1, 1, 1), (0, 1, 0, 1, 0, 1), "NOTSET"),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}-{c[6]}-g{c[2]}")
+def test_conv_integer_and_qlinear_conv(case):
+    x_shape, w_shape, group, strides, dilations, pads, auto_pad = case
+    rank = len(x_shape) - 2
+    pads_list = list(pads) if pads is not None else [0] * (2 * rank)
+    x, w = codes(np.uint8, x_shape), codes(np.int8, w_shape)
+    x_zp = codes(np.uint8, ())
+    w_zp = codes(np.int8, (w_shape[0],))
+    attrs = dict(group=group, strides=list(strides), dilations=list(dilations), auto_pad=auto_pad)
+    if pads is not None:
+        attrs["pads"] = list(pads)
+    got = qemu_q.conv_integer(x, w, x_zp, w_zp, **attrs)
+    want = conv_oracle(x, w, x_zp, w_zp, group, strides, dilations, pads_list, auto_pad)
+    assert got.shape == want.shape and got.tolist() == want.tolist()
+    # QLinearConv: per-channel weight scales, a bias, every rule
+    bias = RNG.integers(-5000, 5000, size=w_shape[0]).astype(np.int32)
+    acc = conv_oracle(x, w, x_zp, w_zp, group, strides, dilations, pads_list, auto_pad, bias)
+    x_scale, y_scale = np.float32(0.05), np.float32(0.2)
+    w_scale = (RNG.random(w_shape[0]) * 0.1 + 0.01).astype(np.float32)
+    y_zp = np.uint8(128)
+    for rule in ("exact", "float32", "float64"):
+        y = qemu_q.qlinear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias,
+                                requantization=rule, **attrs)
+        expected = np.empty(acc.shape, dtype=object)
+        for index in np.ndindex(*acc.shape):
+            expected[index] = requantize(acc[index], x_scale, w_scale[index[1]], y_scale, y_zp, 0, 255, rule)
+        assert y.dtype == np.uint8 and y.tolist() == expected.tolist(), rule
+
+
+@pytest.mark.parametrize("scale_type", [np.float32, np.float16, BF16], ids=["float", "float16", "bfloat16"])
+@pytest.mark.parametrize("out_type", [np.uint8, np.int8], ids=["uint8", "int8"])
+def test_qlinear_matmul_rules_and_ties(scale_type, out_type):
+    # a_scale * b_scale / y_scale = 0.5 exactly, so every odd accumulator is a tie; odd zero
+    # points separate the spec's order from onnx.reference's (docs/semantics.md).
+    a = codes(np.uint8, (4, 6))
+    b = codes(np.int8, (6, 5))
+    a_zp, b_zp = np.uint8(3), np.int8(-1)
+    lo, hi = CODES[out_type]
+    y_zp = np.array(7 if out_type is np.uint8 else -3, out_type)
+    opset = 21 if scale_type is not np.float32 else 10
+    acc = matmul_oracle(a, b, a_zp, b_zp)
+    for sa, sb, sy in [(0.25, 1.0, 0.5), (0.0625, 0.5, 0.03125 * 2), (0.1, 0.3, 0.07)]:
+        sa, sb, sy = (np.array(v, scale_type) for v in (sa, sb, sy))
+        for rule in ("exact", "float32", "float64"):
+            y = qemu_q.qlinear_matmul(a, sa, a_zp, b, sb, b_zp, sy, y_zp, requantization=rule,
+                                      opset=opset)
+            want = [[requantize(acc[r, c], sa, sb, sy, y_zp, lo, hi, rule, scale_type)
+                     for c in range(5)] for r in range(4)]
+            assert y.dtype == out_type and y.tolist() == want, (rule, float(sa), float(sb), float(sy))
+    # the default rule of run_op is "exact"
+    (y,) = qemu_q.run_op("QLinearMatMul", [a, sa, a_zp, b, sb, b_zp, sy, y_zp], {}, opset)
+    assert y.tolist() == [[requantize(acc[r, c], sa, sb, sy, y_zp, lo, hi, "exact") for c in range(5)]
+                          for r in range(4)]
+
+
+def test_qlinear_matmul_per_row_and_per_column_scales():
+    a, b = codes(np.uint8, (3, 4)), codes(np.uint8, (4, 2))
+    a_zp = codes(np.uint8, (3,))
+    b_zp = codes(np.uint8, (2,))
+    a_scale = np.float32([0.1, 0.2, 0.3])
+    b_scale = np.float32([0.05, 0.5])
+    acc = matmul_oracle(a, b, a_zp, b_zp)
+    y = qemu_q.qlinear_matmul(a, a_scale, a_zp, b, b_scale, b_zp, np.float32(0.25), np.uint8(100))
+    want = [[requantize(acc[r, c], a_scale[r], b_scale[c], np.float32(0.25), 100, 0, 255, "exact")
+             for c in range(2)] for r in range(3)]
+    assert y.tolist() == want
+
+
+def test_qlinear_matmul_float8():
+    # QLinearMatMul-21 with float8 a, b and y: the exact real sum, rounded once to e4m3fn.
+    fmt = fo.FORMATS["float8_e4m3fn"]
+    a = RNG.integers(0, 0x7E, size=(2, 3)).astype(np.uint8) | (RNG.integers(0, 2, size=(2, 3)) * 0x80).astype(np.uint8)
+    b = RNG.integers(0, 0x7E, size=(3, 2)).astype(np.uint8)
+    ae, be = a.view(ml_dtypes.float8_e4m3fn), b.view(ml_dtypes.float8_e4m3fn)
+    zero = np.zeros((), ml_dtypes.float8_e4m3fn)
+    sa, sb, sy = np.float32(0.5), np.float32(0.25), np.float32(3.0)
+    y = qemu_q.qlinear_matmul(ae, sa, zero, be, sb, zero, sy, zero, opset=21)
+    for r, c in itertools.product(range(2), range(2)):
+        s = sum(fo.decode(fmt, int(a[r, t])) * fo.decode(fmt, int(b[t, c])) for t in range(3))
+        v = s * Fraction(0.5) * Fraction(0.25) / Fraction(3)
+        assert int(y.view(np.uint8)[r, c]) == fo.encode(fmt, v, True, opset=21), (r, c)
+
+
+def test_x86_pairs_accumulator():
+    # docs/semantics.md: raw-code pairs (k, k+1) saturated to int16, then exact zero points.
+    a = np.full((2, 5), 255, np.uint8)
+    b = np.full((5, 3), 127, np.int8)
+    b[:, 1] = -128
+    a_zp, b_zp = np.uint8(10), np.int8(-2)
+
+    def pairs_oracle(r, c):
+        total = 0
+        for k in range(0, 5, 2):
+            p = sum(int(a[r, t]) * int(b[t, c]) for t in range(k, min(k + 2, 5)))
+            total += max(-32768, min(32767, p))
+        col = sum(int(b[t, c]) for t in range(5))
+        row = sum(int(a[r, t]) for t in range(5))
+        return wrap32(total - int(a_zp) * col - int(b_zp) * row + 5 * int(a_zp) * int(b_zp))
+
+    got = qemu_q.matmul_integer(a, b, a_zp, b_zp, accumulator="x86-u8s8-pairs")
+    assert got.tolist() == [[pairs_oracle(r, c) for c in range(3)] for r in range(2)]
+    exact = matmul_oracle(a, b, a_zp, b_zp)
+    assert got.tolist() != exact.tolist()  # the saturation shows
+    assert qemu_q.matmul_integer(a, b, a_zp, b_zp).tolist() == exact.tolist()
