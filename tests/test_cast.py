@@ -345,12 +345,29 @@ def test_opset_resolution_and_attributes():
 
 
 def test_cast_to_the_same_type_keeps_every_bit():
-    for dtype in (F16, BF16, F32, ml_dtypes.float8_e5m2):
-        x = every(dtype)[:256] if dtype != ml_dtypes.float8_e5m2 else np.arange(256, dtype=np.uint8).view(dtype)
+    for dtype in (F16, BF16, F32, np.float64):
+        x = every(dtype)[:256] if dtype != np.float64 else np.uint64(
+            [0x7FF0000000000001, 0xFFF8000000000001, 0x3FF0000000000001]).view(np.float64)
         y = qemu_q.cast(x, np.dtype(dtype), opset=25)
         assert y is not x and np.array_equal(bits(y), bits(x)), dtype  # signalling NaNs too
     x = np.uint16([0x7C01, 0xFC01]).view(F16)
     assert bits(qemu_q.cast(x, F16)).tolist() == [0x7C01, 0xFC01]
+
+
+def test_cast_e5m2_to_e5m2_applies_the_table():
+    # The table's rows apply to x whatever its type: "Inf -> FLT_MAX" with saturate, the
+    # NaN code 0x7E / 0xFE; every finite code is its own value.
+    codes = np.arange(256, dtype=np.uint8)
+    x = codes.view(ml_dtypes.float8_e5m2)
+    finite = (codes & 0x7C) != 0x7C
+    inf = (codes & 0x7F) == 0x7C
+    nan = ((codes & 0x7C) == 0x7C) & ~inf
+    for saturate in (1, 0):
+        y = bits(qemu_q.cast(x, ml_dtypes.float8_e5m2, saturate=saturate, opset=25))
+        assert np.array_equal(y[finite], codes[finite])
+        top = 0x7B if saturate else 0x7C
+        assert y[inf].tolist() == [top, top | 0x80]
+        assert y[nan].tolist() == [0x7E] * 3 + [0xFE] * 3
 
 
 def test_input_unchanged_and_out():

@@ -38,7 +38,8 @@ NEG_NAN32 = peers.NEG_NAN32
 T = {"float": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7,
      "bool": 9, "float16": 10, "double": 11, "uint32": 12, "uint64": 13, "bfloat16": 16,
      "float8e4m3fn": 17, "float8e4m3fnuz": 18, "float8e5m2": 19, "float8e5m2fnuz": 20,
-     "uint4": 21, "int4": 22, "float4e2m1": 23, "float8e8m0": 24, "uint2": 25, "int2": 26}
+     "uint4": 21, "int4": 22, "float4e2m1": 23, "float8e8m0": 24, "uint2": 25, "int2": 26,
+     "float6e2m3": 27, "float6e3m2": 28}
 SMALL = {"float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
          "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz",
          "float4e2m1": "float4_e2m1fn"}
@@ -279,15 +280,106 @@ def test_cast_bfloat16_negative_nan_ort(opset):
         eq(rt1, [0x7F, 0xFF])
 
 
-@entry("Cast float4e2m1: -NaN (onnx.reference)")
-@pytest.mark.parametrize("opset", [23, 25])
+@entry("Cast float4e2m1 / float6: NaN with the sign bit (onnx.reference)")
+@pytest.mark.parametrize("opset", [23, 25, 28])
 def test_cast_float4_negative_nan(opset):
-    for source in (f32, f16, bf16, f64):
-        x = np.array([NAN32, NEG_NAN32], f32).astype(source)
-        mine, ref, rt = cast3(x, "float4e2m1", opset)
-        eq(mine, cast_codes(fo.FORMATS["float4_e2m1fn"], float64_of(x), 1, opset)), eq(mine, [0x8, 0x8])
-        eq(ref, [0x8, 0x0])  # ml_dtypes: +NaN -> -0, -NaN -> +0
-        assert not_supported(rt)  # onnxruntime 1.32 has no float4 Cast kernel
+    targets = ["float4e2m1"] + (["float6e2m3", "float6e3m2"] if opset >= 28 else [])
+    negative_zero = {"float4e2m1": 0x8, "float6e2m3": 0x20, "float6e3m2": 0x20}
+    for target in targets:
+        for source in (f32, f16, bf16, f64):
+            x = np.array([NAN32, NEG_NAN32], f32).astype(source)
+            mine, ref, rt = cast3(x, target, opset)
+            nz = negative_zero[target]
+            eq(mine, [nz, nz])
+            if target == "float4e2m1":
+                eq(mine, cast_codes(fo.FORMATS["float4_e2m1fn"], float64_of(x), 1, opset))
+            eq(ref, [nz, 0x0])  # ml_dtypes: +NaN -> -0, -NaN -> +0
+            assert not_supported(rt)  # onnxruntime 1.32 has no float4 / float6 Cast kernel
+    # a float8 NaN code with the sign bit set is a -NaN too (FNUZ's only NaN is 0x80)
+    for dtype, nan_codes in ((ml_dtypes.float8_e4m3fn, [0x7F, 0xFF]),
+                             (ml_dtypes.float8_e4m3fnuz, [0x80])):
+        x = np.array(nan_codes, np.uint8).view(dtype)
+        mine, ref, _ = cast3(x, "float4e2m1", opset)
+        eq(mine, [0x8] * len(nan_codes))
+        eq(ref, [0x8, 0x0] if len(nan_codes) == 2 else [0x0])
+
+
+def _nan_oracle(code: int, source_bits: int, source_mantissa: int, target_bits: int,
+                target_mantissa: int) -> int:
+    """IEEE 754 conversion of a NaN: the sign kept, the quiet bit set, the payload's leading
+    bits kept (cut or padded with zeros on the right)."""
+    sign = code >> (source_bits - 1)
+    payload = (code & ((1 << source_mantissa) - 1)) | (1 << (source_mantissa - 1))
+    shift = target_mantissa - source_mantissa
+    payload = payload << shift if shift >= 0 else payload >> -shift
+    exponent = (1 << (target_bits - 1 - target_mantissa)) - 1
+    return (sign << (target_bits - 1)) | (exponent << target_mantissa) | payload
+
+
+@entry("Cast between float types: signalling NaN payloads")
+def test_cast_signalling_nan_payloads():
+    f16_snan = np.array([0x7C01, 0xFC01], np.uint16).view(f16)
+    mine, ref, _ = cast3(f16_snan, "float")
+    eq(mine, [_nan_oracle(c, 16, 10, 32, 23) for c in (0x7C01, 0xFC01)])
+    eq(mine, [0x7FC02000, 0xFFC02000]), eq(ref, [0x7F802000, 0xFF802000])
+    mine, ref, _ = cast3(f16_snan, "double")
+    eq(mine, [_nan_oracle(c, 16, 10, 64, 52) for c in (0x7C01, 0xFC01)])
+    eq(ref, [0x7FF0040000000000, 0xFFF0040000000000])
+    f32_snan = np.array([0x7F800001, 0xFF800001], np.uint32).view(f32)
+    mine, ref, rt = cast3(f32_snan, "float16")
+    eq(mine, [_nan_oracle(c, 32, 23, 16, 10) for c in (0x7F800001, 0xFF800001)])
+    eq(ref, [0x7C01, 0xFC01]), eq(rt, [0x7E00, 0xFE00])
+    f64_snan = np.array([0x7FF0000000000001], np.uint64).view(f64)
+    mine, ref, rt = cast3(f64_snan, "float16")
+    eq(mine, [_nan_oracle(0x7FF0000000000001, 64, 52, 16, 10)]), eq(ref, [0x7C01]), eq(rt, [0x7E00])
+    bf16_nans = np.array([0x7F81, 0xFF81, 0x7FC1], np.uint16).view(bf16)
+    mine, ref, rt = cast3(bf16_nans, "float")
+    eq(mine, [_nan_oracle(c, 16, 7, 32, 23) for c in (0x7F81, 0xFF81, 0x7FC1)])
+    eq(ref, [0x7F810000, 0xFF810000, 0x7FC10000]), eq(rt, [0x7F810000, 0xFF810000, 0x7FC10000])
+    mine, ref, rt = cast3(bf16_nans, "float16")
+    eq(mine, [_nan_oracle(c, 16, 7, 16, 10) for c in (0x7F81, 0xFF81, 0x7FC1)])
+    eq(mine, [0x7E08, 0xFE08, 0x7E08])
+    eq(ref, [0x7E00, 0xFE00, 0x7E00]), eq(rt, [0x7E00, 0xFE00, 0x7E00])
+
+
+@entry("Cast float8 -0 and float8e8m0 -> bool: onnxruntime")
+def test_cast_float8_to_bool_ort():
+    # "floating point to bool: +/- 0.0 to False; all else to True"
+    for dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        x = np.array([0x80, 0x00, 0x01], np.uint8).view(dtype)
+        mine, ref, rt = cast3(x, "bool")
+        eq(mine, [0, 0, 1]), eq(ref, [0, 0, 1]), eq(rt, [1, 0, 1])
+    x = np.array([0x00, 0x7F, 0xFF], np.uint8).view(ml_dtypes.float8_e8m0fnu)  # 2^-127, 1, NaN
+    mine, ref, rt = cast3(x, "bool")
+    eq(mine, [1, 1, 1]), eq(ref, [1, 1, 1]), eq(rt, [0, 1, 1])
+
+
+@entry("Cast float8e5m2 -> float8e5m2: the peers keep codes")
+@pytest.mark.parametrize("opset", [19, 25])
+def test_cast_e5m2_to_itself(opset):
+    x_codes = [0x7C, 0xFC, 0x7D, 0x7F, 0xFD, 0xFF, 0x7E, 0x7B]
+    x = np.array(x_codes, np.uint8).view(ml_dtypes.float8_e5m2)
+    values = float64_of(x)
+    for saturate in (1, 0):
+        mine, ref, rt = cast3(x, "float8e5m2", opset, saturate=saturate)
+        eq(mine, cast_codes(fo.FORMATS["float8_e5m2"], values, saturate, opset))
+        eq(rt, x_codes)
+        eq(ref, mine if saturate else x_codes)
+
+
+@entry("CastLike round_mode: onnxruntime rounds up")
+@pytest.mark.parametrize("mode", ["down", "nearest"])
+def test_castlike_round_mode_ort(mode):
+    x = np.array([0x3FBFFFFF, 0x3F3FFFFF, 0x00600000], np.uint32).view(f32)
+    target = np.zeros(1, np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    attrs = {"round_mode": mode}
+    mine = peers.ours("CastLike", [x, target], attrs, 25)[0][1]
+    ref = peers.run_reference("CastLike", [x, target], attrs, 25, [T["float8e8m0"]])
+    rt = peers._first(peers.run_ort("CastLike", [x, target], attrs, 25, [T["float8e8m0"]]),
+                      T["float8e8m0"])
+    eq(mine, e8m0_oracle(float64_of(x), mode, 1))
+    eq(rt, e8m0_oracle(float64_of(x), "up", 1))
+    assert not_supported(ref)  # onnx.reference's CastLike has no round_mode
 
 
 # ================================================================ what agrees

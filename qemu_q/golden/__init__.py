@@ -33,6 +33,11 @@ whose bits differ from another implementation's by design is one named case, see
     scales        per-axis special scales over a few codes
   DynamicQuantizeLinear
     random, positive, negative, zeros, tiny, nan, inf (+inf), neg_inf (-inf)
+  Cast, CastLike (every from/to pair of each version; the variant names the source)
+    codes         every code of a source of at most 8 bits
+    values        a wider source's values chosen by the target: range ends, ties and
+                  their neighbours, overflow, wrap points, e8m0 boundaries
+    specials      a float source's ±0, ±inf, NaNs (signalling too) and range ends
 
 Random data come from `np.random.default_rng` seeded by the suite seed and the case name,
 so a case's bits do not depend on which other cases are selected.
@@ -48,14 +53,14 @@ Modules, by concern:
   verify        qemu_q.verify / qemu-q verify: actual outputs against a suite, bit for bit
 """
 
-from .configs import (DQ_FAMILIES, DYNAMIC_FAMILIES, FAMILIES, OPS, Q_FAMILIES, Config,
+from .configs import (CAST_FAMILIES, DQ_FAMILIES, DYNAMIC_FAMILIES, FAMILIES, OPS, Q_FAMILIES, Config,
                       Selection, iter_configs)
 from .divergences import BOTH, DIVERGENCES, ONNXRUNTIME, REFERENCE, divergences_of
 from .families import DEFAULT_SEED, DEFAULT_SIZE, Case, build_case, generate
 from .runtimes import RUNTIMES, cannot_run, runs_on
 
 __all__ = [
-    "BOTH", "DEFAULT_SEED", "DEFAULT_SIZE", "DIVERGENCES", "DQ_FAMILIES", "DYNAMIC_FAMILIES",
+    "BOTH", "CAST_FAMILIES", "DEFAULT_SEED", "DEFAULT_SIZE", "DIVERGENCES", "DQ_FAMILIES", "DYNAMIC_FAMILIES",
     "FAMILIES", "ONNXRUNTIME", "OPS", "Q_FAMILIES", "REFERENCE", "RUNTIMES", "Case",
     "Config", "Selection", "build_case", "cannot_run", "divergences_of", "generate",
     "iter_configs", "runs_on",

@@ -17,7 +17,8 @@ Q_FAMILIES = ("grid", "near_ties", "zeros", "nan", "overflow", "random", "scales
               "scales_zero", "scales_inf")
 DQ_FAMILIES = ("codes", "nan_inf", "near_ties", "random", "scales")
 DYNAMIC_FAMILIES = ("random", "positive", "negative", "zeros", "tiny", "nan", "inf", "neg_inf")
-FAMILIES = tuple(dict.fromkeys(Q_FAMILIES + DQ_FAMILIES + DYNAMIC_FAMILIES))
+CAST_FAMILIES = ("codes", "values", "specials")
+FAMILIES = tuple(dict.fromkeys(Q_FAMILIES + DQ_FAMILIES + DYNAMIC_FAMILIES + CAST_FAMILIES))
 
 # Significant bits of the value types, for "is this product exact in float32".
 _SIGNIFICANT_BITS = {"float": 24, "float16": 11, "bfloat16": 8, "float8e8m0": 1,
@@ -50,6 +51,7 @@ class Config:
     zero_point: bool = True  # whether the zero-point input is given
     full_sweep: bool = False  # DequantizeLinear 16-bit codes: all 65536 rather than a sample
     block_size: int | None = None  # blocked: None for the default (families._block_size)
+    round_mode: str | None = None  # Cast / CastLike into float8e8m0: None for absent ("up")
 
     @property
     def name(self) -> str:
@@ -186,6 +188,41 @@ def _dq_configs(version: int) -> Iterator[Config]:
                          output_dtype="float", y_type="float")
 
 
+def _cast_families(source: str) -> tuple[str, ...]:
+    """Every code of a source of at most 8 bits; chosen values and the special values
+    (±0, ±inf, NaNs, the source's extremes) of a wider source."""
+    s = ELEMENT_TYPES[source]
+    if s.bits <= 8:
+        return ("codes",)
+    return ("values", "specials") if s.kind in ("value", "float64") else ("values",)
+
+
+def _cast_configs(op_type: str, version: int) -> Iterator[Config]:
+    """Every (from, to) pair the version allows (strings excepted: qemu_q does not
+    implement them), plus saturate=0 where it is read and each other round_mode."""
+    spec = get_spec(op_type, version)
+    sources = _type_names(spec.allowed_types(spec.inputs[0].name))
+    targets = _type_names(spec.allowed_types(spec.outputs[0].name))
+    has_round_mode = "round_mode" in spec.attributes
+    for target in targets:
+        t = ELEMENT_TYPES[target]
+        saturates = saturate_applies(spec, t)
+        round_modes = ("down", "nearest") if has_round_mode and target == "float8e8m0" else ()
+        for source in sources:
+            base = dict(op_type=op_type, version=version, qtype=target, x_type=source,
+                        y_type=target, zero_point=False)
+            for family in _cast_families(source):
+                yield Config(**base, family=family, variant=f"from_{source}")
+                if saturates:
+                    yield Config(**base, family=family, variant=f"from_{source}_sat0",
+                                 saturate=0)
+                for mode in round_modes:
+                    yield Config(**base, family=family, variant=f"from_{source}_{mode}",
+                                 round_mode=mode)
+                    yield Config(**base, family=family, variant=f"from_{source}_{mode}_sat0",
+                                 round_mode=mode, saturate=0)
+
+
 def _dynamic_configs(version: int) -> Iterator[Config]:
     for family in DYNAMIC_FAMILIES:
         yield Config(op_type="DynamicQuantizeLinear", version=version, qtype="uint8",
@@ -197,6 +234,8 @@ _CONFIGS = {
     "QuantizeLinear": _q_configs,
     "DequantizeLinear": _dq_configs,
     "DynamicQuantizeLinear": _dynamic_configs,
+    "Cast": lambda version: _cast_configs("Cast", version),
+    "CastLike": lambda version: _cast_configs("CastLike", version),
 }
 OPS = tuple(_CONFIGS)  # the ops the suite covers
 

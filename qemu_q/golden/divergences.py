@@ -52,6 +52,34 @@ def _int_specials(c: Config) -> bool:
         (c.family == "overflow" and c.x_type != "int32") or c.family in ("scales_zero", "nan"))
 
 
+def _is_cast(c: Config) -> bool:
+    return c.op_type in ("Cast", "CastLike")
+
+
+_FLOAT_VALUED_KINDS = ("value", "float64", "small_float", "scale_only")
+_SUB_BYTE_INTEGERS = ("int4", "uint4", "int2", "uint2")
+_FNUZ = ("float8e4m3fnuz", "float8e5m2fnuz")
+_FLOAT8 = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz")
+
+
+def _cast_from_float(c: Config) -> bool:
+    """Cast / CastLike from a float-valued type (float8e8m0 included)."""
+    return _is_cast(c) and ELEMENT_TYPES[c.x_type].kind in _FLOAT_VALUED_KINDS
+
+
+def _cast_nans(c: Config) -> bool:
+    """Cast cases whose input holds NaN: the specials, or every code of a float8 type."""
+    return _is_cast(c) and (c.family == "specials" or (
+        c.family == "codes" and c.x_type in _FLOAT8 + ("float8e8m0",)))
+
+
+# Cast between float types where a signalling NaN keeps its payload in the peer
+# (numpy's half conversions, onnxruntime's bfloat16 shifts): (from, to) pairs.
+_REFERENCE_SNAN_PAIRS = {("float16", "float"), ("float16", "double"), ("float", "float16"),
+                         ("double", "float16"), ("bfloat16", "float"), ("bfloat16", "float16")}
+_ONNXRUNTIME_SNAN_PAIRS = {("bfloat16", "float"), ("bfloat16", "float16")}
+
+
 def _nan_results(c: Config) -> bool:
     """Float8 cases with NaN quotients: NaN x, or 0/0 and x/NaN from degenerate scales."""
     return c.family == "nan" or c.family == "scales_zero"
@@ -104,6 +132,55 @@ DIVERGENCES: tuple[tuple[str, tuple[str, ...], object], ...] = (
     # onnxruntime: only a NaN in some positions, e.g. the last of a full 8-element block.
     ("DynamicQuantizeLinear: NaN in x", BOTH,
      lambda c: _is_dynamic(c) and c.family == "nan"),
+    ("Cast float8e8m0: onnx.reference's range rows, round-up and negative inputs",
+     (REFERENCE,), lambda c: _is_cast(c) and c.qtype == "float8e8m0"),
+    ("Cast float -> integer: out of range, +-inf and NaN", BOTH,
+     lambda c: _cast_from_float(c) and _integer(c) and c.qtype not in _SUB_BYTE_INTEGERS),
+    ("Cast float -> int4/uint4/int2/uint2: rounding", BOTH,
+     lambda c: _cast_from_float(c) and c.qtype in _SUB_BYTE_INTEGERS),
+    ("Cast float64 -> a narrower float: the peers round twice, through float32", (REFERENCE,),
+     lambda c: _is_cast(c) and c.x_type == "double" and (
+         c.qtype == "bfloat16" or _q(c).kind == "small_float")),
+    ("Cast float64 -> a narrower float: the peers round twice, through float32",
+     (ONNXRUNTIME,),
+     lambda c: _is_cast(c) and c.x_type == "double" and (
+         c.qtype in ("float16", "bfloat16") + _FLOAT8
+         or (c.qtype == "float8e8m0" and c.round_mode == "nearest"))),
+    ("Cast integer beyond 2^24 -> bfloat16 / float8e8m0: the peers round through float32",
+     BOTH, lambda c: _is_cast(c) and c.x_type in ("int32", "int64", "uint32", "uint64")
+     and c.qtype in ("bfloat16", "float8e8m0")),
+    ("Cast-19/21/23 FNUZ saturate=1: +-inf", BOTH,
+     lambda c: _is_cast(c) and c.qtype in _FNUZ and c.version < 24 and c.saturate != 0
+     and (c.family == "specials" or (c.family == "codes" and c.x_type == "float8e5m2"))),
+    ("Cast e5m2: onnxruntime NaN codes 0x7F / 0xFF", (ONNXRUNTIME,),
+     lambda c: c.qtype == "float8e5m2" and _cast_nans(c)),
+    ("Cast e4m3fn saturate=0: onnxruntime 448 for 480 <= |x| < 496", (ONNXRUNTIME,),
+     lambda c: _is_cast(c) and c.qtype == "float8e4m3fn" and c.saturate == 0
+     and c.family == "values"),
+    ("Cast e5m2 saturate=0: onnxruntime NaN for 61440 <= |x| < 65536", (ONNXRUNTIME,),
+     lambda c: _is_cast(c) and c.qtype == "float8e5m2" and c.saturate == 0
+     and c.family == "values"),
+    ("Cast bfloat16 -NaN into float8 with saturate=0: onnxruntime drops the sign",
+     (ONNXRUNTIME,),
+     lambda c: _is_cast(c) and c.x_type == "bfloat16" and c.qtype in _FLOAT8
+     and c.saturate == 0 and c.family == "specials"),
+    ("Cast float4e2m1 / float6: NaN with the sign bit (onnx.reference)", (REFERENCE,),
+     lambda c: c.qtype in ("float4e2m1", "float6e2m3", "float6e3m2") and _cast_nans(c)),
+    ("Cast between float types: signalling NaN payloads", (REFERENCE,),
+     lambda c: _is_cast(c) and c.family == "specials"
+     and (c.x_type, c.qtype) in _REFERENCE_SNAN_PAIRS),
+    ("Cast between float types: signalling NaN payloads", (ONNXRUNTIME,),
+     lambda c: _is_cast(c) and c.family == "specials"
+     and (c.x_type, c.qtype) in _ONNXRUNTIME_SNAN_PAIRS),
+    ("Cast float8 -0 and float8e8m0 -> bool: onnxruntime", (ONNXRUNTIME,),
+     lambda c: _is_cast(c) and c.qtype == "bool" and c.family == "codes"
+     and c.x_type in ("float8e4m3fn", "float8e5m2", "float8e8m0")),
+    ("Cast float8e5m2 -> float8e5m2: the peers keep codes", (ONNXRUNTIME,),
+     lambda c: _is_cast(c) and c.x_type == c.qtype == "float8e5m2"),
+    ("Cast float8e5m2 -> float8e5m2: the peers keep codes", (REFERENCE,),
+     lambda c: _is_cast(c) and c.x_type == c.qtype == "float8e5m2" and c.saturate == 0),
+    ("CastLike round_mode: onnxruntime rounds up", (ONNXRUNTIME,),
+     lambda c: c.op_type == "CastLike" and c.round_mode in ("down", "nearest")),
 )
 
 

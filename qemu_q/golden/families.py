@@ -116,7 +116,7 @@ def _scalar(value: float, etype: ElementType) -> np.ndarray:
 
 
 def _bits_view(array: np.ndarray) -> np.ndarray:
-    return array.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[array.dtype.itemsize])
+    return array.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[array.dtype.itemsize])
 
 
 def _with_neighbours(x: np.ndarray, etype: ElementType, steps: int = 1) -> np.ndarray:
@@ -234,13 +234,13 @@ def _x_zeros(x: ElementType) -> np.ndarray:
 def _x_nan(x: ElementType) -> np.ndarray:
     """Quiet NaN, -NaN, and signalling NaNs of both signs, by bit pattern."""
     bits = x.storage.itemsize * 8
-    exponent_bits = {"float": 8, "float16": 5, "bfloat16": 8}[x.name]
+    exponent_bits = {"float": 8, "float16": 5, "bfloat16": 8, "double": 11}[x.name]
     mantissa_bits = bits - 1 - exponent_bits
     exp_all = ((1 << exponent_bits) - 1) << mantissa_bits
     quiet = exp_all | (1 << (mantissa_bits - 1))
     sign = 1 << (bits - 1)
     patterns = [quiet, quiet | sign, exp_all | 1, exp_all | 1 | sign, quiet | 1]
-    storage = np.uint16 if bits == 16 else np.uint32
+    storage = {16: np.uint16, 32: np.uint32, 64: np.uint64}[bits]
     return np.array(patterns, dtype=storage).view(x.dtype)
 
 
@@ -522,10 +522,152 @@ def _dynamic_inputs(c: Config, seed: int, size: int):
     return [("x", x.astype(np.float32).reshape(shape))], {}
 
 
+# --------------------------------------------------------------------------------------
+# Cast and CastLike: the source's values chosen by what the target can tell apart
+
+
+def _float_landmarks(t: ElementType) -> tuple[list[float], list[float]]:
+    """(values, midpoints) of a float-like target type, positive, as float64: the
+    subnormal and normal ends, around 1 and the top of the range, and the midpoints
+    between neighbours there (ties), with the overflow tie and magnitudes past max."""
+    finfo = _finfo(t) if t.name != "double" else np.finfo(np.float64)
+    sub, normal, top = (float(finfo.smallest_subnormal), float(finfo.smallest_normal),
+                        float(finfo.max))
+    one_ulp = float(finfo.eps)
+    top_ulp = top - float(np.nextafter(np.array(top, dtype=t.dtype),
+                                       np.array(0, dtype=t.dtype)).astype(np.float64))
+    values = [sub, 2 * sub, 3 * sub, normal - sub, normal, normal + sub, 1.0, 1.0 + one_ulp,
+              1.0 + 2 * one_ulp, 1.5, top - top_ulp, top]
+    midpoints = [sub / 2, 3 * sub / 2, 5 * sub / 2, normal - sub / 2, normal + sub / 2,
+                 1.0 + one_ulp / 2, 1.0 + 3 * one_ulp / 2, 1.0 - one_ulp / 4,
+                 top - top_ulp / 2, top + top_ulp / 2, top + top_ulp, 2 * top]
+    if t.kind == "small_float" and t.bits <= 6:
+        values += [float(v) for v in _finite_values(t) if v > 0]
+        midpoints += [float(v) for v in _midpoints(t) if v > 0]
+    return values, midpoints
+
+
+def _e8m0_landmarks() -> tuple[list[float], list[float]]:
+    exponents = (-127, -126, -125, -1, 0, 1, 125, 126, 127)
+    values = [2.0**k for k in exponents] + [2.0**-128, 2.0**-149, 0.75 * 2.0**-127, 2.0**128,
+                                            -1.0, -(2.0**-127)]
+    midpoints = [1.5 * 2.0**k for k in exponents]  # where "nearest" ties go up
+    return values, midpoints
+
+
+def _integer_landmarks(t: ElementType) -> list[float]:
+    """Values around an integer or bool target's range ends and wrap points, fractions
+    (truncation, ties) and magnitudes beyond every integer type."""
+    if t.kind == "bool":
+        return [0.0, 1.0, -1.0, 0.5, -0.5, 2.0, 255.0, 256.0, 65536.0, 2.0**32]
+    lo, hi, span = t.lo, t.hi, 1 << t.bits
+    ends = [lo - 2, lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, hi + 2, span, span + 1,
+            -span, span + hi, lo - span // 2]
+    fractions = [0.25, 0.5, 0.75, 1.5, 2.5, lo - 0.5, hi + 0.5, hi - 0.5, lo + 0.5]
+    beyond = [2.0**31, 2.0**32, 2.0**63, 2.0**64, 1e30]
+    return [float(v) for v in ends] + fractions + [-f for f in fractions] + beyond + \
+        [-b for b in beyond] + [0.0, 1.0, -1.0]
+
+
+def _cast_probes(t: ElementType, s: ElementType) -> tuple[np.ndarray, np.ndarray]:
+    """(exact points, points whose neighbours in the source matter), float64."""
+    if t.kind in ("integer", "bool"):
+        return np.array(_integer_landmarks(t)), np.array([])
+    if t.name == "float8e8m0":
+        values, midpoints = _e8m0_landmarks()
+    elif t.name == "double" or (t.kind == s.kind == "value" and t.bits > s.bits
+                                and t.name != "bfloat16"):
+        # every source value is exact in the target: the source's own landmarks
+        values, midpoints = _float_landmarks(s) if s.kind != "integer" else ([], [])
+        midpoints = []
+    else:
+        values, midpoints = _float_landmarks(t)
+    values, midpoints = np.array(values), np.array(midpoints)
+    return (np.concatenate([values, -values]), np.concatenate([midpoints, -midpoints]))
+
+
+def _integer_source(values: np.ndarray, s: ElementType) -> np.ndarray:
+    """The integral values in the source's range, exactly (Python ints for 64 bits)."""
+    picked = sorted({int(v) for v in values if np.isfinite(v) and v == math.floor(v)
+                     and s.lo <= int(v) <= s.hi})
+    return np.array(picked, dtype=object).astype(s.dtype)
+
+
+def _float_source(points: np.ndarray, near: np.ndarray, s: ElementType) -> np.ndarray:
+    exact = _cast(points, s)
+    ties = _cast(near, s)
+    if ties.size:
+        ties = _with_neighbours(ties[np.isfinite(ties.astype(np.float64))], s)
+    out = np.concatenate([exact, ties])
+    out = out[np.isfinite(out.astype(np.float64))]
+    _, index = np.unique(_bits_view(out), return_index=True)
+    return out[np.sort(index)]
+
+
+def _source_specials(s: ElementType) -> np.ndarray:
+    finfo = _finfo(s) if s.name != "double" else np.finfo(np.float64)
+    sub, normal, top = finfo.smallest_subnormal, finfo.smallest_normal, finfo.max
+    finite = np.array([0.0, -0.0, np.inf, -np.inf, sub, -sub, normal - sub, -(normal - sub),
+                       normal, -normal, top, -top], dtype=np.float64)
+    values = finite.astype(s.dtype) if s.name in ("float", "float16", "double") else \
+        np.array([float(v) for v in finite], dtype=np.float64).astype(np.float32).astype(s.dtype)
+    return np.concatenate([values, _x_nan(s)])
+
+
+def _all_source_codes(s: ElementType) -> np.ndarray:
+    if s.kind == "bool":
+        return np.array([False, True])
+    return _all_codes(s)
+
+
+def _cast_inputs(c: Config, seed: int, size: int):
+    s, t = _etype(c.x_type), _etype(c.qtype)
+    if c.family == "codes":
+        x = _all_source_codes(s)
+    elif c.family == "values":
+        points, near = _cast_probes(t, s)
+        if s.kind == "integer":
+            extra = [s.lo, s.lo + 1, -1, 0, 1, s.hi - 1, s.hi]
+            x = _integer_source(np.concatenate([points, near, np.array(extra, dtype=float)]),
+                                s)
+            if s.bits == 64:  # float64 cannot hold these ends exactly
+                ends = [s.lo, s.lo + 1, s.hi - 1, s.hi, 2**53 + 1, 2**63 - 2**10 + 1]
+                ends = [v for v in ends if s.lo <= v <= s.hi]
+                x = np.concatenate([x, np.array(ends, dtype=object).astype(s.dtype)])
+            if t.kind in ("value", "float64", "small_float") and s.bits >= 16:
+                # integers one past the target's significand: ties of round-to-even
+                bits = {"float": 24, "float16": 11, "bfloat16": 8, "double": 53}.get(t.name)
+                if bits is not None and bits < s.bits - (s.lo < 0):
+                    ties = [2**bits + 1, 2**bits + 3, 2**(bits + 1) + 2, 2**(bits + 1) + 6]
+                    ties += [-v for v in ties]
+                    ties = [v for v in ties if s.lo <= v <= s.hi]
+                    x = np.concatenate([x, np.array(ties, dtype=object).astype(s.dtype)])
+        else:
+            x = _float_source(points, near, s)
+    elif c.family == "specials":
+        x = _source_specials(s)
+    else:
+        raise ValueError(f"{c.op_type} has no input family {c.family!r}")
+    attributes: dict = {}
+    inputs = [("input", np.ascontiguousarray(x))]
+    if c.op_type == "Cast":
+        # Cast-1's `to` is a string attribute, the TensorProto.DataType name
+        attributes["to"] = t.name.upper() if c.version == 1 else t.onnx_id
+    else:
+        inputs.append(("target_type", np.zeros(1, dtype=t.storage).view(t.dtype)))
+    if c.saturate is not None:
+        attributes["saturate"] = c.saturate
+    if c.round_mode is not None:
+        attributes["round_mode"] = c.round_mode
+    return inputs, attributes
+
+
 _INPUTS = {
     "QuantizeLinear": _q_inputs,
     "DequantizeLinear": _dq_inputs,
     "DynamicQuantizeLinear": _dynamic_inputs,
+    "Cast": _cast_inputs,
+    "CastLike": _cast_inputs,
 }
 
 

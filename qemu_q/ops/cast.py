@@ -68,6 +68,12 @@ def _round_mode(value) -> str:
 
 
 def _target(value, argument: str) -> ElementType:
+    # Cast-1 carries `to` as a string attribute, which an ONNX node holds as bytes.
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError(f"{argument}={value!r} is not a type name") from None
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value == _STRING_ID:
         raise TypeError(f"{argument}={int(value)}: {_STRING_MESSAGE}")
     if isinstance(value, str) and value.strip().lower() in ("string", "tensor(string)"):
@@ -130,8 +136,10 @@ def _run(op_type: str, x, to: ElementType, saturate, round_mode, opset, out, n_t
     result = prepare_output(out, x.shape, plan.out_type, [("input", x)])
     if x.size == 0:
         return result
-    if plan.x_type is plan.out_type:
+    if plan.x_type is plan.out_type and plan.x_type.kind != "small_float":
         # A cast to the input's own type is the identity: every bit, NaN payloads included.
+        # Not for the small floats: the float8 tables apply to every input (e5m2 with
+        # saturate=1 maps +-inf to +-max, and its NaNs are written 0x7E / 0xFE).
         np.copyto(result, x)
         return result
     config = plan.kernel_config()
