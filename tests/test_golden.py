@@ -30,6 +30,7 @@ DIVERGENCES_DOC = ROOT / "docs" / "divergences.md"
 
 REFERENCE, ONNXRUNTIME = golden.REFERENCE, golden.ONNXRUNTIME
 CAST_OPS = ("Cast", "CastLike")
+INTEGER_OPS = ("MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv")
 
 
 def _bits(array: np.ndarray) -> bytes:
@@ -99,8 +100,8 @@ def test_every_float_type_attribute_and_granularity_is_covered():
     for c in configs:
         by_version[(c.op_type, c.version)].append(c)
     for op, schemas in _schemas().items():
-        if op in ("DynamicQuantizeLinear",) + CAST_OPS:
-            continue  # Cast: test_cast_pairs_and_attributes_are_covered
+        if op in ("DynamicQuantizeLinear",) + CAST_OPS + INTEGER_OPS:
+            continue  # test_cast_pairs_..., test_integer_op_type_combinations_...
         for schema in schemas:
             cs = by_version[(op, schema.since_version)]
             x_types = _allowed(schema, schema.inputs[0].type_str)
@@ -142,6 +143,50 @@ def test_cast_pairs_and_attributes_are_covered():
                 assert {c.round_mode for c in cs if c.qtype == "float8e8m0"} == {
                     None, "down", "nearest"}
     assert seen == required, (sorted(required - seen)[:10], sorted(seen - required)[:10])
+
+
+def test_integer_op_type_combinations_are_covered():
+    """Every (a, b, y) type combination of each integer op, every scale type, each conv
+    geometry (auto_pad modes, strides, dilations, groups, 1-D/3-D, per-channel) and family."""
+    configs = [c for c in golden.iter_configs() if c.op_type in INTEGER_OPS]
+    for op in INTEGER_OPS:
+        for schema in _schemas()[op]:
+            cs = [c for c in configs if (c.op_type, c.version) == (op, schema.since_version)]
+            first = 0
+            second = 3 if op.startswith("QLinear") else 1
+            required = {(a, b, y)
+                        for a in _allowed(schema, schema.inputs[first].type_str)
+                        for b in _allowed(schema, schema.inputs[second].type_str)
+                        for y in _allowed(schema, schema.outputs[0].type_str)}
+            assert {(c.x_type, c.w_type, c.qtype) for c in cs} == required, (op, schema.since_version)
+            if op.startswith("QLinear"):
+                assert {c.scale_type for c in cs} == _allowed(schema, schema.inputs[1].type_str)
+                assert {"ties", "saturation", "zero_points"} <= {c.family for c in cs}
+            else:
+                assert {"overflow", "zero_points"} <= {c.family for c in cs}
+            geometries = golden.MATMUL_GEOMETRIES if "MatMul" in op else golden.CONV_GEOMETRIES
+            expected = set(geometries) - ({"no_zero_point"} if op.startswith("QLinear") else set())
+            assert {c.geometry for c in cs} >= expected, (op, schema.since_version)
+
+
+def test_integer_op_extras_hold_the_accumulator(suite):
+    """The QLinear cases with integer operands carry the int32 accumulator they requantize:
+    for a matmul, sum_k (a - a_zp)(b - b_zp) wrapped to int32 (Python ints here)."""
+    cases = [c for c in suite if c.op_type in ("QLinearMatMul", "QLinearConv")
+             and c.config.x_type in ("int8", "uint8") and c.config.w_type in ("int8", "uint8")]
+    assert cases and all([name for name, _ in c.extras] == ["accumulator"] for c in cases)
+    for case in cases:
+        acc = case.extras[0][1]
+        assert acc.dtype == np.int32 and acc.shape == case.outputs[0][1].shape, case.name
+        if case.op_type != "QLinearMatMul" or case.config.geometry != "matrix":
+            continue
+        x = dict(case.inputs)
+        a = x["a"].astype(np.int64) - int(x["a_zero_point"].reshape(-1)[0])
+        b = x["b"].astype(np.int64) - int(x["b_zero_point"].reshape(-1)[0])
+        exact = [[sum(int(a[i, k]) * int(b[k, j]) for k in range(a.shape[1]))
+                  for j in range(b.shape[1])] for i in range(a.shape[0])]
+        wrapped = [[(v + 2**31) % 2**32 - 2**31 for v in row] for row in exact]
+        assert acc.tolist() == wrapped, case.name
 
 
 def test_every_model_is_valid_onnx(suite):
@@ -427,6 +472,7 @@ def test_manifest_and_layout(written, suite, shared_dir):
         assert model.graph.node[0].op_type == entry["op_type"]
         attributes = {a.name: onnx.helper.get_attribute_value(a)
                       for a in model.graph.node[0].attribute}
+        attributes = {k: v.decode() if isinstance(v, bytes) else v for k, v in attributes.items()}
         assert attributes == entry["attributes"]
         meta, arrays = writers.read_npz(first / entry["npz"])
         assert meta["op_type"] == entry["op_type"] and meta["opset"] == entry["opset"]
@@ -523,7 +569,8 @@ def test_selection_by_opset_resolves_versions():
     configs = list(golden.iter_configs(golden.Selection(opsets=(20,))))
     assert {(c.op_type, c.version) for c in configs} == {
         ("QuantizeLinear", 19), ("DequantizeLinear", 19), ("DynamicQuantizeLinear", 11),
-        ("Cast", 19), ("CastLike", 19)}
+        ("Cast", 19), ("CastLike", 19), ("MatMulInteger", 10), ("ConvInteger", 10),
+        ("QLinearMatMul", 10), ("QLinearConv", 10)}
 
 
 # --------------------------------------------------------------------------------------

@@ -225,3 +225,38 @@ def test_requantization_float32_float64_ties(op):
         assert int(ours["float32"].ravel()[0]) == want_runtime
         assert int(reference(op, inputs, {}, opset, onnx.TensorProto.UINT8).ravel()[0]) == want_reference
         assert int(runtime(op, inputs, {}, opset, onnx.TensorProto.UINT8).ravel()[0]) == want_runtime
+
+
+@divergence_entry("QLinearMatMul-21 float8 operands: onnx.reference truncates them to integers")
+def test_qlinear_matmul_float8_operands_reference():
+    import ml_dtypes
+
+    values = [Fraction(3, 2), Fraction(-11, 4), Fraction(3, 8)]  # exact in e4m3fn
+    a = np.array([[float(v) for v in values]], np.float32).astype(ml_dtypes.float8_e4m3fn)
+    b = np.array([[2], [4], [8]], np.int8)
+    one, half = np.float32(1.0), np.float32(0.5)
+    zero8 = np.zeros((), np.uint8).view(ml_dtypes.float8_e4m3fn)
+    inputs = [a, one, zero8, b, one, np.int8(0), half, np.int8(0)]
+    # the exact rule: sum_k a_k b_k = 3 - 11 + 3 = -5, over y_scale 0.5: -10
+    exact = sum(v * int(w) for v, w in zip(values, b[:, 0])) / Fraction(1, 2)
+    ours = qemu_q.qlinear_matmul(*inputs, opset=21)
+    assert ours.dtype == np.int8 and ours.tolist() == [[int(exact)]] == [[-10]]
+    names = [f"i{k}" for k in range(len(inputs))]
+    node = helper.make_node("QLinearMatMul", names, ["y"])
+    types = [onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT8E4M3FN,
+             onnx.TensorProto.INT8, onnx.TensorProto.FLOAT, onnx.TensorProto.INT8,
+             onnx.TensorProto.FLOAT, onnx.TensorProto.INT8]
+    graph = helper.make_graph(
+        [node], "float8",
+        [helper.make_tensor_value_info(n, t, np.shape(x)) for n, t, x in zip(names, types, inputs)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.INT8, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    feeds = {n: np.asarray(x) for n, x in zip(names, inputs)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = ReferenceEvaluator(model).run(None, feeds)[0]
+    # a.astype(int32) truncates 1.5, -2.75, 0.375 to 1, -2, 0: (2 - 8) / 0.5 = -12
+    assert np.asarray(got).tolist() == [[-12]]
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

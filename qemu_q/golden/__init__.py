@@ -38,6 +38,9 @@ whose bits differ from another implementation's by design is one named case, see
     values        a wider source's values chosen by the target: range ends, ties and
                   their neighbours, overflow, wrap points, e8m0 boundaries
     specials      a float source's ±0, ±inf, NaNs (signalling too) and range ends
+  MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv (every operand/output type
+  combination; geometry variants: integer_families.py)
+    random, zero_points, overflow (int32 wrap), ties, saturation
 
 Random data come from `np.random.default_rng` seeded by the suite seed and the case name,
 so a case's bits do not depend on which other cases are selected.
@@ -46,6 +49,7 @@ Modules, by concern:
   configs       Config (a case without its data), each op's configurations, Selection,
                 iter_configs
   families      the input families: Case, build_case, generate
+  integer_families  the integer datapath ops' inputs and the int32 accumulator extra
   divergences   the peer-divergence table (DIVERGENCES, rows keyed to docs/divergences.md
                 headings) and divergences_of
   runtimes      which runtimes can run a case at all (the manifest's runs_on)
@@ -53,14 +57,16 @@ Modules, by concern:
   verify        qemu_q.verify / qemu-q verify: actual outputs against a suite, bit for bit
 """
 
-from .configs import (CAST_FAMILIES, DQ_FAMILIES, DYNAMIC_FAMILIES, FAMILIES, OPS, Q_FAMILIES, Config,
+from .configs import (CAST_FAMILIES, CONV_GEOMETRIES, DQ_FAMILIES, INTEGER_FAMILIES,
+                      MATMUL_GEOMETRIES, DYNAMIC_FAMILIES, FAMILIES, OPS, Q_FAMILIES, Config,
                       Selection, iter_configs)
 from .divergences import BOTH, DIVERGENCES, ONNXRUNTIME, REFERENCE, divergences_of
 from .families import DEFAULT_SEED, DEFAULT_SIZE, Case, build_case, generate
 from .runtimes import RUNTIMES, cannot_run, runs_on
 
 __all__ = [
-    "BOTH", "CAST_FAMILIES", "DEFAULT_SEED", "DEFAULT_SIZE", "DIVERGENCES", "DQ_FAMILIES", "DYNAMIC_FAMILIES",
+    "BOTH", "CAST_FAMILIES", "CONV_GEOMETRIES", "DEFAULT_SEED", "INTEGER_FAMILIES",
+    "MATMUL_GEOMETRIES", "DEFAULT_SIZE", "DIVERGENCES", "DQ_FAMILIES", "DYNAMIC_FAMILIES",
     "FAMILIES", "ONNXRUNTIME", "OPS", "Q_FAMILIES", "REFERENCE", "RUNTIMES", "Case",
     "Config", "Selection", "build_case", "cannot_run", "divergences_of", "generate",
     "iter_configs", "runs_on",

@@ -18,7 +18,9 @@ Q_FAMILIES = ("grid", "near_ties", "zeros", "nan", "overflow", "random", "scales
 DQ_FAMILIES = ("codes", "nan_inf", "near_ties", "random", "scales")
 DYNAMIC_FAMILIES = ("random", "positive", "negative", "zeros", "tiny", "nan", "inf", "neg_inf")
 CAST_FAMILIES = ("codes", "values", "specials")
-FAMILIES = tuple(dict.fromkeys(Q_FAMILIES + DQ_FAMILIES + DYNAMIC_FAMILIES + CAST_FAMILIES))
+INTEGER_FAMILIES = ("random", "zero_points", "overflow", "ties", "saturation")
+FAMILIES = tuple(dict.fromkeys(Q_FAMILIES + DQ_FAMILIES + DYNAMIC_FAMILIES + CAST_FAMILIES
+                               + INTEGER_FAMILIES))
 
 # Significant bits of the value types, for "is this product exact in float32".
 _SIGNIFICANT_BITS = {"float": 24, "float16": 11, "bfloat16": 8, "float8e8m0": 1,
@@ -52,6 +54,8 @@ class Config:
     full_sweep: bool = False  # DequantizeLinear 16-bit codes: all 65536 rather than a sample
     block_size: int | None = None  # blocked: None for the default (families._block_size)
     round_mode: str | None = None  # Cast / CastLike into float8e8m0: None for absent ("up")
+    w_type: str | None = None  # integer ops: the second operand's type (x_type is the first)
+    geometry: str | None = None  # integer ops: the shape/attribute layout (integer_families)
 
     @property
     def name(self) -> str:
@@ -223,6 +227,53 @@ def _cast_configs(op_type: str, version: int) -> Iterator[Config]:
                                  round_mode=mode, saturate=0)
 
 
+# The shapes and attributes of the integer-op cases (built in integer_families.py).
+MATMUL_GEOMETRIES = ("matrix", "per_row_column", "batched", "vector", "no_zero_point")
+CONV_GEOMETRIES = ("pads", "same_upper", "same_lower", "valid", "strides", "dilations",
+                   "group", "depthwise", "conv1d", "conv3d", "per_channel", "no_zero_point",
+                   "kernel_shape")
+
+
+def _integer_op_configs(op_type: str, version: int) -> Iterator[Config]:
+    """Every operand-type combination the version allows, each on the base geometry and
+    families; geometry variants and scale types on the integer combinations."""
+    spec = get_spec(op_type, version)
+    names = [p.name for p in spec.inputs]
+    first, second = names[0], names[3] if op_type.startswith("QLinear") else names[1]
+    requantizes = op_type.startswith("QLinear")
+    outputs = _type_names(spec.allowed_types(spec.outputs[0].name))
+    scales = _type_names(spec.allowed_types(names[1])) if requantizes else [None]
+    geometries = MATMUL_GEOMETRIES if "MatMul" in op_type else CONV_GEOMETRIES
+    label = ("a", "b") if "MatMul" in op_type else ("x", "w")
+    for a in _type_names(spec.allowed_types(first)):
+        for b in _type_names(spec.allowed_types(second)):
+            for y in outputs:
+                integers = all(ELEMENT_TYPES[t].kind == "integer" for t in (a, b, y))
+                base = dict(op_type=op_type, version=version, qtype=y, x_type=a, w_type=b)
+                stem = f"{label[0]}_{a}_{label[1]}_{b}" + (f"_y_{y}" if requantizes else "")
+                if not integers:  # float8 operands or output: QLinearMatMul-21
+                    yield Config(**base, family="random", variant=stem, scale_type="float",
+                                 geometry=geometries[0])
+                    continue
+                families = ("random", "zero_points", "ties", "saturation") if requantizes \
+                    else ("random", "zero_points", "overflow")
+                for family in families:
+                    yield Config(**base, family=family, variant=stem, scale_type=scales[0] or "float",
+                                 geometry=geometries[0])
+                for geometry in geometries[1:]:
+                    if requantizes and geometry == "no_zero_point":
+                        continue  # QLinear zero points are required inputs
+                    yield Config(**base, family="random", variant=f"{stem}_{geometry}",
+                                 scale_type=scales[0] or "float", geometry=geometry)
+                if op_type == "QLinearConv":
+                    yield Config(**base, family="random", variant=f"{stem}_bias",
+                                 scale_type="float", geometry="bias")
+                for scale in scales[1:]:
+                    for family in ("random", "ties"):
+                        yield Config(**base, family=family, variant=f"{stem}_scale_{scale}",
+                                     scale_type=scale, geometry=geometries[0])
+
+
 def _dynamic_configs(version: int) -> Iterator[Config]:
     for family in DYNAMIC_FAMILIES:
         yield Config(op_type="DynamicQuantizeLinear", version=version, qtype="uint8",
@@ -236,6 +287,10 @@ _CONFIGS = {
     "DynamicQuantizeLinear": _dynamic_configs,
     "Cast": lambda version: _cast_configs("Cast", version),
     "CastLike": lambda version: _cast_configs("CastLike", version),
+    "MatMulInteger": lambda version: _integer_op_configs("MatMulInteger", version),
+    "ConvInteger": lambda version: _integer_op_configs("ConvInteger", version),
+    "QLinearMatMul": lambda version: _integer_op_configs("QLinearMatMul", version),
+    "QLinearConv": lambda version: _integer_op_configs("QLinearConv", version),
 }
 OPS = tuple(_CONFIGS)  # the ops the suite covers
 

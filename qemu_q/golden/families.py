@@ -18,6 +18,7 @@ from .._opspec import get_spec
 from .._registry import run_op
 from .configs import Config, Selection, iter_configs
 from .divergences import divergences_of
+from .integer_families import accumulator, integer_inputs
 
 DEFAULT_SEED = 0
 DEFAULT_SIZE = 64
@@ -39,6 +40,9 @@ class Case:
     inputs: list[tuple[str, np.ndarray]]  # ONNX input names in node order (absent omitted)
     outputs: list[tuple[str, np.ndarray]] = field(default_factory=list)
     divergences: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    # Values that are not node outputs, written beside them for RTL teams (.npz and hex):
+    # the int32 accumulator of the QLinear ops.
+    extras: list[tuple[str, np.ndarray]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -662,12 +666,20 @@ def _cast_inputs(c: Config, seed: int, size: int):
     return inputs, attributes
 
 
+def _integer_op_inputs(c: Config, seed: int, size: int):
+    return integer_inputs(c, _rng(seed, c.name))
+
+
 _INPUTS = {
     "QuantizeLinear": _q_inputs,
     "DequantizeLinear": _dq_inputs,
     "DynamicQuantizeLinear": _dynamic_inputs,
     "Cast": _cast_inputs,
     "CastLike": _cast_inputs,
+    "MatMulInteger": _integer_op_inputs,
+    "ConvInteger": _integer_op_inputs,
+    "QLinearMatMul": _integer_op_inputs,
+    "QLinearConv": _integer_op_inputs,
 }
 
 
@@ -680,8 +692,10 @@ def build_case(config: Config, seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZ
     spec = get_spec(config.op_type, config.version)
     results = run_op(config.op_type, [a for _n, a in inputs], attributes, config.version)
     outputs = [(p.name, np.asarray(r)) for p, r in zip(spec.outputs, results)]
+    acc = accumulator(config, inputs, attributes) if config.w_type is not None else None
+    extras = [] if acc is None else [("accumulator", acc)]
     return Case(config=config, opset=config.version, attributes=attributes, inputs=inputs,
-                outputs=outputs, divergences=divergences_of(config))
+                outputs=outputs, divergences=divergences_of(config), extras=extras)
 
 
 def generate(selection: Selection | None = None, seed: int = DEFAULT_SEED,

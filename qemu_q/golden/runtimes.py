@@ -29,6 +29,15 @@ def _is_cast(c: Config) -> bool:
     return c.op_type in ("Cast", "CastLike")
 
 
+# The (a, b, y) type combinations onnxruntime 1.32 has QLinearMatMul / QLinearConv kernels for.
+_ONNXRUNTIME_QLINEAR_TYPES = {("int8", "int8", "int8"), ("uint8", "int8", "uint8"),
+                              ("uint8", "uint8", "uint8")}
+
+
+def _is_qlinear(c: Config) -> bool:
+    return c.op_type in ("QLinearMatMul", "QLinearConv")
+
+
 REFERENCE_CANNOT = (
     ("onnx.reference has no DequantizeLinear below version 19",
      lambda c: c.op_type == "DequantizeLinear" and c.version < 19),
@@ -36,6 +45,12 @@ REFERENCE_CANNOT = (
      lambda c: c.op_type == "Cast" and c.version == 1),
     ("onnx.reference's CastLike has no round_mode attribute",
      lambda c: c.op_type == "CastLike" and c.round_mode is not None),
+    ("onnx.reference's QLinearMatMul has no float8 output (it asks np.iinfo for its range)",
+     lambda c: c.op_type == "QLinearMatMul" and c.qtype.startswith("float8")),
+    ("onnx.reference cannot broadcast a per-row [M] zero point or scale of a matmul",
+     lambda c: c.geometry == "per_row_column"),
+    ("onnx.reference's ConvInteger fails on a 1-D convolution with zero points",
+     lambda c: c.op_type == "ConvInteger" and c.geometry == "conv1d"),
     ("onnx.reference raises for Cast between these types",
      lambda c: _is_cast(c) and ((c.x_type, c.qtype) in _REFERENCE_CAST_RAISES or (
          c.x_type == "float8e8m0" and c.qtype in _FLOAT8 and c.saturate == 0))),
@@ -43,6 +58,14 @@ REFERENCE_CANNOT = (
 ONNXRUNTIME_CANNOT = (
     ("onnxruntime 1.32 implements these ops up to opset 25, not 28",
      lambda c: c.version == 28 and not _is_cast(c)),
+    ("onnxruntime has QLinearMatMul / QLinearConv kernels only for (a, b, y) in (int8, int8, "
+     "int8), (uint8, int8, uint8), (uint8, uint8, uint8), with float32 or float16 scales",
+     lambda c: _is_qlinear(c) and ((c.x_type, c.w_type, c.qtype) not in _ONNXRUNTIME_QLINEAR_TYPES
+                                   or c.scale_type == "bfloat16")),
+    ("onnxruntime rejects per-row / per-column zero points and scales of a matmul",
+     lambda c: c.geometry == "per_row_column"),
+    ("onnxruntime's ConvInteger rejects a per-channel w_zero_point",
+     lambda c: c.op_type == "ConvInteger" and c.geometry == "per_channel"),
     ("onnxruntime has no Cast-1 kernel (its Cast starts at 6)",
      lambda c: c.op_type == "Cast" and c.version == 1),
     ("onnxruntime has no Cast to or from float4e2m1 / float6",

@@ -222,7 +222,8 @@ def case_npz(case) -> bytes:
     under `expected_<name>`, and in `meta` also the op, opset and attributes."""
     meta = {"name": case.name, "op_type": case.op_type, "opset": case.opset,
             "attributes": case.attributes}
-    return typed_npz((("input", "", case.inputs), ("output", "expected_", case.outputs)), meta)
+    return typed_npz((("input", "", case.inputs), ("output", "expected_", case.outputs),
+                      ("extra", "extra_", case.extras)), meta)
 
 
 def read_npz(path_or_file) -> tuple[dict, dict[str, np.ndarray]]:
@@ -326,14 +327,15 @@ def case_files(case, formats, word_bits: int = DEFAULT_WORD_BITS):
             entry = {"name": name, "type": etype.name, "onnx_type": etype.onnx_id,
                      "shape": [int(d) for d in array.shape]}
             stem = f"{data_dir}/{role}_{index}"
-            if "onnx" in formats:
+            if "onnx" in formats and role != "extra":  # not a node output: no .pb
                 files.append((f"{stem}.pb", tensor_proto_bytes(array, name)))
                 entry["pb"] = f"{stem}.pb"
             if "hex" in formats:
                 files.append((f"{stem}.hex", hex_text(array, word_bits, name).encode()))
                 entry["hex"] = f"{stem}.hex"
             if "npz" in formats:
-                entry["npz_key"] = name if role == "input" else f"expected_{name}"
+                entry["npz_key"] = {"input": name, "output": f"expected_{name}",
+                                    "extra": f"extra_{name}"}[role]
             entries.append(entry)
         return entries
 
@@ -351,6 +353,7 @@ def case_files(case, formats, word_bits: int = DEFAULT_WORD_BITS):
         "attributes": dict(case.attributes),
         "inputs": tensors("input", case.inputs),
         "outputs": tensors("output", case.outputs),
+        "extras": tensors("extra", case.extras),
         "onnx_dir": case_dir if "onnx" in formats else None,
         "npz": None,
         "divergence": case.divergence,
