@@ -7,6 +7,7 @@ from .dynamic_quantize_linear import dynamic_quantize_linear
 from .quantize_linear import quantize_linear
 from .matmul_integer import matmul_integer, qlinear_matmul
 from .conv_integer import conv_integer, qlinear_conv
+from .mx import mx_dequantize, mx_quantize
 
 __all__ = ["cast", "cast_like", "dequantize_linear", "dynamic_quantize_linear", "quantize_linear",
-           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv"]
+           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv", "mx_quantize", "mx_dequantize"]
