@@ -50,7 +50,7 @@ MX_ELEMENTS: dict[str, MXElement] = {e.name: e for e in (
 )}
 # MXINT8: an element's value is its two's-complement code times 2**-6 (OCP v1.0, 5.3).
 MXINT8_IMPLIED_SCALE = Fraction(1, 64)
-SCALE_RULES = ("floor", "ceil", "even", "rceil", "rceil_f32")
+MX_SCALE_RULES = ("floor", "ceil", "even", "rceil", "rceil_f32")
 _OUTPUT_DTYPES = ("float", "float16", "bfloat16")
 _X_TYPES = {ELEMENT_TYPES[n].dtype: ELEMENT_TYPES[n] for n in _OUTPUT_DTYPES}
 
@@ -123,8 +123,8 @@ def _block_size(block_size) -> int:
 def _scale_rule(rule) -> str:
     if not isinstance(rule, str):
         raise TypeError(f"scale_rule must be a str, got {type(rule).__name__} {rule!r}")
-    if rule not in SCALE_RULES:
-        raise ValueError(f"scale_rule={rule!r}; allowed {', '.join(map(repr, SCALE_RULES))}")
+    if rule not in MX_SCALE_RULES:
+        raise ValueError(f"scale_rule={rule!r}; allowed {', '.join(map(repr, MX_SCALE_RULES))}")
     return rule
 
 
