@@ -16,11 +16,11 @@ from libc.stdlib cimport malloc, free
 from _tasks cimport run_tasks
 from _codecs cimport (
     SF_COUNT, SmallFloat32Encoder, small_float32_encoder, small_float_format, SmallFloatFormat,
-    encode_small_float32, float_bits, round_biased, saturate_biased, select_i32,
+    float_bits, round_biased, saturate_biased, select_i32,
 )
 from _mx_codecs cimport (
     MXElement, MX_FLOOR, MX_CEIL, MX_EVEN, MX_RCEIL, MX_RCEIL_F32, MX_SCALE_NAN,
-    mx_scale_code, mx_inverse_scale,
+    mx_scale_code, mx_inverse_scale, encode_mx_small_float,
 )
 from _subbyte cimport pack_codes, packed_bytes
 
@@ -69,7 +69,7 @@ cdef inline uint8_t encode_element(float q, const MXPlan* p, const SmallFloat32E
     # clamped to [-127, 127] (the -128 code is never written: docs/semantics.md).
     if p.int8:
         return <uint8_t>(saturate_biased(round_biased(q * <float>INT8_UNITS), 0, -127, 127) & 0xFF)
-    return <uint8_t>encode_small_float32(q, encoder)
+    return <uint8_t>encode_mx_small_float(q, encoder)
 
 
 cdef void encode_run(const float* x, uint8_t* out, Py_ssize_t n, int code, const MXPlan* p) noexcept nogil:
@@ -86,7 +86,7 @@ cdef void encode_run(const float* x, uint8_t* out, Py_ssize_t n, int code, const
             out[i] = <uint8_t>(saturate_biased(round_biased((x[i] * inverse) * <float>INT8_UNITS), 0, -127, 127) & 0xFF)
     else:
         for i in range(n):
-            out[i] = <uint8_t>encode_small_float32(x[i] * inverse, &encoder)
+            out[i] = <uint8_t>encode_mx_small_float(x[i] * inverse, &encoder)
 
 
 cdef inline uint32_t block_amax(const float* x, Py_ssize_t n) noexcept nogil:
@@ -118,17 +118,28 @@ cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t
     cdef SmallFloat32Encoder encoder = p.encoder
     cdef int32_t nan_code = p.nan_code
     cdef int32_t encoded
+    if p.inner == 1:
+        # Consecutive groups of the innermost axis are consecutive runs of x: one division
+        # for the task, none per block.
+        o = g0 // p.n_blocks
+        b = g0 - o * p.n_blocks
+        start = o * p.axis_len + b * p.block_size
+        for g in range(g0, g1):
+            rows = min(p.block_size, p.axis_len - b * p.block_size)
+            code = mx_scale_code(block_amax(w.x + start, rows), p.rule, &p.element)
+            w.scales[g] = <uint8_t>code
+            encode_run(w.x + start, out + (start - out_base), rows, code, p)
+            start += rows
+            b += 1
+            if b == p.n_blocks:
+                b = 0
+        return
     for g in range(g0, g1):
         o = g // p.n_blocks
         b = g - o * p.n_blocks
         rows = min(p.block_size, p.axis_len - b * p.block_size)
         start = (o * p.axis_len + b * p.block_size) * p.inner
         scale_base = g * p.inner
-        if p.inner == 1:
-            code = mx_scale_code(block_amax(w.x + start, rows), p.rule, &p.element)
-            w.scales[scale_base] = <uint8_t>code
-            encode_run(w.x + start, out + (start - out_base), rows, code, p)
-            continue
         # The axis is not innermost: the block of column r is rows elements `inner` apart;
         # MX_COLUMNS columns are reduced and encoded together, row by row.
         c0 = 0
@@ -227,8 +238,11 @@ cdef class MXQuantizeConfig:
             p.element.fraction_bits = f.mantissa_bits
             # The element's quiet NaN where it has one (e4m3fn 0x7F, e5m2 0x7E), else +0.
             p.nan_code = f.nan_code if f.nan_code >= 0 else 0
-            # saturate: normals beyond +-max clamp to +-max (OCP); NaN and inf never reach
-            # the encoder (their blocks take nan_code).
+            if f.unsigned_zero:
+                # encode_mx_small_float writes -0 codes: FNUZ formats are no MX elements.
+                raise ValueError(f"MXQuantizeConfig: element={element} is an FNUZ format, no MX element")
+            # NaN and inf never reach the encoder (their blocks take nan_code); normals
+            # beyond +-max clamp to +-max (OCP).
             p.encoder = small_float32_encoder(element, True, 0)
         emax = 0
         while 2.0 ** (emax + 1) <= max_value:

@@ -5,7 +5,7 @@
 
 from libc.stdint cimport int32_t, uint32_t
 
-from _codecs cimport float_bits, bits_float
+from _codecs cimport float_bits, bits_float, select_i32, SmallFloat32Encoder
 
 cdef extern from *:
     """
@@ -104,3 +104,21 @@ cdef inline float mx_inverse_scale(int code) noexcept nogil:
     if code >= 254:
         return bits_float(0x00400000)
     return bits_float(<uint32_t>(254 - code) << 23)
+
+
+cdef inline int encode_mx_small_float(float q, const SmallFloat32Encoder* e) noexcept nogil:
+    # encode_small_float32 for a finite q = x / X of an MX block (NaN and inf blocks never
+    # reach it), into a format with a signed zero: round to nearest even on the bits (the
+    # subnormals through the FPU's rounding of |q| + magic), then clamp the magnitude to
+    # the largest code (OCP: normals saturate). Fewer selects than the Cast encoder, so the
+    # short per-block loops spend less on constants.
+    cdef int32_t u = <int32_t>float_bits(q)
+    cdef int32_t sign = <int32_t>((<uint32_t>u >> 31) << e.sign_shift)
+    cdef int32_t a = u & 0x7FFFFFFF
+    cdef uint32_t rounded = <uint32_t>a + <uint32_t>e.round_bias + ((<uint32_t>a >> e.shift) & 1)
+    cdef int32_t normal = <int32_t>(rounded >> e.shift) - e.exponent_offset
+    cdef int32_t sub = <int32_t>float_bits(bits_float(<uint32_t>a) + e.subnormal_magic) - e.subnormal_magic_bits
+    cdef int32_t magnitude = select_i32(a < e.min_normal_bits, sub, normal)
+    cdef int32_t max_code = e.max_code
+    magnitude = magnitude if magnitude < max_code else max_code
+    return sign | magnitude
