@@ -301,8 +301,9 @@ def mx_dequantize(codes: Array | bytes, scales: Array, *, axis: int = -1, block_
         as_float = np.where(bits == 0xFF, np.uint32(0x7FC00000),
                             np.where(bits == 0, np.uint32(0x00400000), bits << np.uint32(23)))
         scale = as_float.astype(np.uint32).view(np.float32) * np.float32(MXINT8_IMPLIED_SCALE)
-    kwargs = dict(axis=axis, block_size=block_size, output_dtype=out_type.onnx_id,
-                  opset=e.dequantize_opset, out=out, n_threads=n_threads)
     if packed:
-        return dequantize_linear(codes, scale, packed=True, dtype=e.name, shape=shape, **kwargs)
-    return dequantize_linear(codes, scale, **kwargs)
+        return dequantize_linear(codes, scale, axis=axis, block_size=block_size,
+                                 output_dtype=out_type.onnx_id, opset=e.dequantize_opset, out=out,
+                                 packed=True, dtype=e.name, shape=shape, n_threads=n_threads)
+    return dequantize_linear(codes, scale, axis=axis, block_size=block_size, output_dtype=out_type.onnx_id,
+                             opset=e.dequantize_opset, out=out, n_threads=n_threads)
