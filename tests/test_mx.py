@@ -378,3 +378,72 @@ def test_bad_arguments(call, error, text):
     with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         call(x)
     assert (x == 1).all()
+
+
+# --- levels, layouts, hostile values ----------------------------------------------------------------
+
+def test_every_instruction_set_level_gives_the_same_bits():
+    from qemu_q import _kernels
+
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal((96, 700)) * np.exp2(rng.integers(-40, 40, (96, 1)))).astype(np.float32)
+    x[3, 40] = np.inf
+    previous = _kernels.active.level
+    try:
+        results = {}
+        for level in _kernels.available_levels():
+            _kernels.use(level)
+            results[level] = [qemu_q.mx_quantize(x, element, axis=axis, scale_rule=rule, packed=packed)
+                              for element in ELEMENTS for rule in RULES
+                              for axis in (-1, 0) for packed in (False, True)]
+    finally:
+        _kernels.use(previous)
+    assert "baseline" in results
+    for level, got in results.items():
+        for (codes, scales), (want_codes, want_scales) in zip(got, results["baseline"]):
+            assert_same_bits(codes, want_codes, level)
+            assert_same_bits(scales, want_scales, level)
+
+
+def test_non_contiguous_and_read_only_inputs():
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal((40, 66)).astype(np.float32)
+    for x in (base.T, base[:, ::2], base[::-1]):
+        x_ro = x.copy()
+        x_ro.flags.writeable = False
+        for view in (x, x_ro):
+            codes, scales = qemu_q.mx_quantize(view, "float6e2m3", axis=0, block_size=8)
+            want = qemu_q.mx_quantize(np.ascontiguousarray(x), "float6e2m3", axis=0, block_size=8)
+            assert_same_bits(codes, want[0])
+            assert_same_bits(scales, want[1])
+    check(base.T, "float8e5m2", "ceil", axis=1, block_size=5)
+
+
+HOSTILE = dict(
+    element=["float8e4m3fn", "int8", "float4e2m1", 17, ml_dtypes.float6_e3m2fn, "int4", "float8e8m0",
+             "bfloat16", None, 3.5, object(), 999, "float8e4m3fnuz"],
+    axis=[-1, 0, 1, -2, 2, -3, 2**63, -(2**63) - 1, 1.0, None, True, np.int64(1)],
+    block_size=[32, 1, 3, 2**62, 2**63 - 1, 2**63, 0, -1, -(2**63), 1.5, None, False, np.int32(4)],
+    scale_rule=[*RULES, "FLOOR", "", None, b"floor", 0],
+    packed=[False, True, 1, None, np.bool_(True)],
+    n_threads=[None, 1, 2, 1024, 1025, 0, -1, 2.0, True],
+)
+
+
+@settings(max_examples=600, **SETTINGS)
+@given(st.fixed_dictionaries({name: st.sampled_from(values) for name, values in HOSTILE.items()}),
+       st.sampled_from([(2, 40), (0, 5), (3, 0), (7,), (1, 1, 9)]),
+       st.sampled_from([np.float32, np.float16, np.float64, np.int8, ml_dtypes.float8_e4m3fn]))
+def test_hostile_arguments_are_rejected_by_name_or_computed(kwargs, shape, dtype):
+    x = np.linspace(-3, 3, math.prod(shape)).reshape(shape).astype(dtype)
+    before = x.tobytes()
+    try:
+        codes, scales = qemu_q.mx_quantize(x, **kwargs)
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        assert any(word in message for word in ("element", "axis", "block_size", "scale_rule", "packed",
+                                                "n_threads", "x ", "x has", "rank")), message
+    else:
+        assert x.dtype in (np.float32, np.float16)
+        assert scales.dtype == ml_dtypes.float8_e8m0fnu
+    assert x.tobytes() == before
