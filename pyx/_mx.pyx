@@ -64,14 +64,6 @@ cdef struct MXWork:
     MXPlan plan
 
 
-cdef inline uint8_t encode_element(float q, const MXPlan* p, const SmallFloat32Encoder* encoder) noexcept nogil:
-    # q = x / X. MXINT8: the code is q in units of 2**-6, rounded to nearest even and
-    # clamped to [-127, 127] (the -128 code is never written: docs/semantics.md).
-    if p.int8:
-        return <uint8_t>(saturate_biased(round_biased(q * <float>INT8_UNITS), 0, -127, 127) & 0xFF)
-    return <uint8_t>encode_mx_small_float(q, encoder)
-
-
 cdef void encode_run(const float* x, uint8_t* out, Py_ssize_t n, int code, const MXPlan* p) noexcept nogil:
     # The elements of one contiguous block, all under the scale `code`.
     cdef Py_ssize_t i
@@ -118,6 +110,9 @@ cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t
     cdef SmallFloat32Encoder encoder = p.encoder
     cdef int32_t nan_code = p.nan_code
     cdef int32_t encoded
+    cdef bint int8 = p.int8
+    cdef Py_ssize_t inner = p.inner
+    cdef const float* x = w.x
     if p.inner == 1:
         # Consecutive groups of the innermost axis are consecutive runs of x: one division
         # for the task, none per block.
@@ -148,7 +143,7 @@ cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t
             for r in range(n_cols):
                 amax[r] = 0
             for j in range(rows):
-                row_bits = <const uint32_t*>(w.x + start + j * p.inner + c0)
+                row_bits = <const uint32_t*>(x + start + j * inner + c0)
                 for r in range(n_cols):
                     a = row_bits[r] & 0x7FFFFFFF
                     amax[r] = a if a > amax[r] else amax[r]
@@ -157,12 +152,22 @@ cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t
                 w.scales[scale_base + c0 + r] = <uint8_t>code
                 inverse[r] = mx_inverse_scale(code)
                 is_nan[r] = code == MX_SCALE_NAN
-            for j in range(rows):
-                row = w.x + start + j * p.inner + c0
-                dest = out + (start + j * p.inner + c0 - out_base)
-                for r in range(n_cols):
-                    encoded = encode_element(row[r] * inverse[r], p, &encoder)
-                    dest[r] = <uint8_t>select_i32(is_nan[r], nan_code, encoded)
+            # Two loops, so that neither branches per element; the plan's fields are read
+            # into locals first (a store through dest may alias the plan).
+            if int8:
+                for j in range(rows):
+                    row = x + start + j * inner + c0
+                    dest = out + (start + j * inner + c0 - out_base)
+                    for r in range(n_cols):
+                        encoded = saturate_biased(round_biased((row[r] * inverse[r]) * <float>INT8_UNITS), 0, -127, 127) & 0xFF
+                        dest[r] = <uint8_t>select_i32(is_nan[r], nan_code, encoded)
+            else:
+                for j in range(rows):
+                    row = x + start + j * inner + c0
+                    dest = out + (start + j * inner + c0 - out_base)
+                    for r in range(n_cols):
+                        encoded = encode_mx_small_float(row[r] * inverse[r], &encoder)
+                        dest[r] = <uint8_t>select_i32(is_nan[r], nan_code, encoded)
             c0 += n_cols
 
 
