@@ -14,7 +14,7 @@ import pytest
 
 import mx_oracle as mo
 import qemu_q
-from support import assert_same_bits, bits
+from support import assert_same_bits, bits, divergence_entry
 
 hypothesis = pytest.importorskip("hypothesis", reason="property tests need hypothesis (test extra)")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -447,3 +447,42 @@ def test_hostile_arguments_are_rejected_by_name_or_computed(kwargs, shape, dtype
         assert x.dtype in (np.float32, np.float16)
         assert scales.dtype == ml_dtypes.float8_e8m0fnu
     assert x.tobytes() == before
+
+
+# --- peers ------------------------------------------------------------------------------------------
+
+def torchao_floor_e4m3(x: np.ndarray, block_size: int):
+    """torchao's `to_mx` FLOOR path for float32 into MXFP8 e4m3, transcribed statement by
+    statement into numpy from its source (torchao needs PyTorch, absent here)."""
+    blocks = x.reshape(-1, block_size)
+    with np.errstate(invalid="ignore"):
+        max_abs = np.abs(blocks).max(axis=1)  # torch.amax propagates NaN, as np.max does
+    extracted_pow2 = ((max_abs.view(np.int32) >> 23) & 0xFF) - 127
+    unbiased = np.clip(extracted_pow2 - 8, -127, 128)  # target_max_pow2 of e4m3: 8
+    biased = (unbiased + 127).astype(np.uint8)
+    biased = np.where(np.isnan(max_abs), np.uint8(255), biased)
+    scale_fp32 = (biased.astype(np.int32) << 23).view(np.float32)
+    scale_fp32 = np.maximum(scale_fp32, np.float32(2.0 ** -126))  # clamp(min=F32_MIN_NORMAL)
+    with np.errstate(invalid="ignore", over="ignore"):
+        data_lp = np.clip(blocks / scale_fp32[:, None], np.float32(-448), np.float32(448))
+    return data_lp.astype(ml_dtypes.float8_e4m3fn).reshape(x.shape), biased
+
+
+@divergence_entry("MX FLOOR: torchao divides 2^-127 blocks by 2^-126 and gives inf blocks a finite scale")
+def test_torchao_floor_transcription_differs_on_tiny_and_inf_blocks():
+    x = np.array([2.0 ** -120, 2.0 ** -122, 1.0, np.inf], dtype=np.float32)
+    codes, scales = check(x, "float8e4m3fn", "floor", block_size=2)
+    assert scales.view(np.uint8).tolist() == [0x00, 0xFF]
+    assert codes.view(np.uint8).tolist() == [0x70, 0x60, 0x7F, 0x7F]
+    t_codes, t_scales = torchao_floor_e4m3(x, 2)
+    assert t_scales.tolist() == [0x00, 0xF7]
+    assert t_codes.view(np.uint8).tolist() == [0x68, 0x58, 0x00, 0x7E]
+    # Elsewhere the transcription and qemu_q agree bit for bit (ordinary and boundary data).
+    rng = np.random.default_rng(21)
+    y = np.concatenate([rng.standard_normal(4096).astype(np.float32) * 100, np.repeat(boundary_amaxes("float8e4m3fn"), 32)])
+    y = y[: y.size // 32 * 32]
+    y = y[np.abs(y).reshape(-1, 32).max(axis=1).repeat(32) >= 2.0 ** -118]
+    ours_codes, ours_scales = qemu_q.mx_quantize(y, "float8e4m3fn")
+    t_codes, t_scales = torchao_floor_e4m3(y, 32)
+    assert_same_bits(ours_scales.view(np.uint8), t_scales)
+    assert_same_bits(ours_codes, t_codes)
