@@ -22,6 +22,7 @@ from .._dtypes import ELEMENT_TYPES, ElementType, element_type
 from .._pack import normalize_shape, packed_size
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, Shape, TypeSpec
+from .._validate import cached_plan, signature as _signature
 from .dequantize_linear import dequantize_linear
 
 
@@ -214,7 +215,7 @@ def mx_quantize(x: Array, element: TypeSpec, *, axis: int = -1, block_size: int 
     x = _coerce.as_array(x, "x")
     e = mx_element(element)
     packed = _coerce.flag(packed, "packed")
-    plan = cached_plan_mx((_signature(x), e.name, _coerce.int_attribute(axis, "axis"),
+    plan = cached_plan(mx_quantize_plan, (_signature(x), e.name, _coerce.int_attribute(axis, "axis"),
                            _coerce.int_attribute(block_size, "block_size"), scale_rule, packed))
     if out is not None and (not isinstance(out, tuple) or len(out) != 2):
         raise TypeError(f"out must be a tuple (codes, scales) of numpy arrays, got {type(out).__name__}")
@@ -244,21 +245,6 @@ def mx_quantize(x: Array, element: TypeSpec, *, axis: int = -1, block_size: int 
     else:
         _dispatch.run(Path.MX_QUANTIZE, flat, codes.reshape(-1).view(np.uint8), scale_bytes, config, n_threads)
     return codes, scales
-
-
-def cached_plan_mx(key):
-    try:
-        return mx_quantize_plan(*key)
-    except TypeError:
-        try:
-            hash(key)
-        except TypeError:
-            return mx_quantize_plan.__wrapped__(*key)
-        raise
-
-
-def _signature(x: np.ndarray):
-    return (x.dtype, x.shape)
 
 
 @in_default_fp_environment
