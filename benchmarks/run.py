@@ -606,6 +606,41 @@ def run_cast(threads: int, repeat: int, rows: int, cols: int) -> int:
     return 0
 
 
+def run_mx(threads: int, repeat: int, rows: int, cols: int) -> int:
+    """The MX target (issue 14): MXFP4 and MXFP8 (e4m3) quantization of rows x cols float32
+    (default 16M), blocks of 32 along the last axis, codes packed, scales included, at most
+    2x the time of QuantizeLinear to int4 blocked-32 with packing (float32 block scales
+    given) in the same run. Returns 1 when a case misses the target."""
+    rng = np.random.default_rng(SEED)
+    x = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+    block_scale = (np.abs(x).reshape(rows, cols // 32, 32).max(axis=-1) / 7).astype(np.float32)
+    block_scale[block_scale == 0] = 1
+    ql_out = np.empty((x.size + 1) // 2, dtype=np.uint8)
+    impls = {
+        "QL int4 blocked-32 packed": lambda: qemu_q.quantize_linear(
+            x, block_scale, np.zeros_like(block_scale, dtype=ml_dtypes.int4), axis=1, block_size=32,
+            packed=True, out=ql_out, n_threads=threads),
+    }
+    outs = {}
+    for title, element in (("MXFP4 (float4e2m1) packed", "float4e2m1"), ("MXFP8 (float8e4m3fn)", "float8e4m3fn")):
+        packed_size = (x.size * qemu_q.MX_ELEMENTS[element].bits + 7) // 8
+        out = (np.empty(packed_size, np.uint8), np.empty((rows, cols // 32), ml_dtypes.float8_e8m0fnu))
+        outs[title] = (element, out)
+        impls[title] = (lambda element=element, out=out: qemu_q.mx_quantize(
+            x, element, packed=True, out=out, n_threads=threads))
+    print(f"{rows}x{cols} float32 ({x.size} elements), best of {repeat} rounds, {threads} threads")
+    times = time_alternating(impls, repeat, min_sample=0.2)
+    base = times["QL int4 blocked-32 packed"]
+    ok = True
+    print(f"{'case':<30} {'time':>9} {'/ QL int4':>10}  target <= 2")
+    for title, t in times.items():
+        ratio = t / base
+        if title != "QL int4 blocked-32 packed" and ratio > 2:
+            ok = False
+        print(f"{title:<30} {t * 1e3:>7.1f}ms {ratio:>10.2f}", flush=True)
+    return 0 if ok else 1
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", help="comma-separated case names (default: all; see --list)")
@@ -632,7 +667,11 @@ def main(argv=None):
                    help="only the integer datapath targets (MatMulInteger, QLinearConv)")
     p.add_argument("--cast", action="store_true",
                    help="only the Cast targets (float32 -> float8e4m3fn, float4e2m1, float8e8m0)")
+    p.add_argument("--mx", action="store_true",
+                   help="only the MX target (MXFP4, MXFP8 vs QuantizeLinear int4 blocked-32 packed)")
     args = p.parse_args(argv)
+    if args.mx:
+        return run_mx(args.threads, args.repeat, args.rows, args.cols)
     if args.integer:
         return run_integer(args.threads, args.repeat)
     if args.cast:

@@ -303,6 +303,20 @@ def build_cases(seed: int = 9):
     i4 = rng.integers(-8, 8, N).astype(ml_dtypes.int4)
     case("pack int4", lambda t, a=i4: (qemu_q.pack(a, n_threads=t),))
     case("unpack float4e2m1", lambda t, r=raw4: (qemu_q.unpack(r, "float4e2m1", (2 * r.size,), n_threads=t),))
+
+    # MX: blocks whose amax and elements are float32 subnormals or tiny normals (DAZ would
+    # zero the amax, FTZ the quotients x / X, a rounding mode the encoders' magic-number
+    # rounding), and MXINT8's dequantization through its 2**-133 smallest scale.
+    mx_x = (rng.standard_normal(N) * np.exp2(rng.integers(-150, -100, N).astype(np.float64))).astype(f32)
+    mx_x[:8] = np.array([0x00000001, 0x80000003, 0x00400000, 0x007FFFFF, 0, 0x80000000, 0x00800001, 5],
+                        np.uint32).view(f32)
+    for element, rule in (("float8e4m3fn", "floor"), ("float4e2m1", "rceil_f32"), ("int8", "even")):
+        case(f"mx_quantize {element} {rule} subnormal blocks, packed",
+             lambda t, x=mx_x, e=element, r=rule: qemu_q.mx_quantize(x, e, scale_rule=r, packed=True, n_threads=t))
+    mx_codes = rng.integers(-127, 128, N).astype(np.int8)
+    mx_scales = rng.integers(0, 8, -(-N // 32)).astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    case("mx_dequantize MXINT8 with scales 2**-127 .. 2**-120",
+         lambda t, c=mx_codes, sc=mx_scales: (qemu_q.mx_dequantize(c, sc, n_threads=t),))
     return cases
 
 

@@ -7,6 +7,8 @@ from .dynamic_quantize_linear import dynamic_quantize_linear
 from .quantize_linear import quantize_linear
 from .matmul_integer import matmul_integer, qlinear_matmul
 from .conv_integer import conv_integer, qlinear_conv
+from .mx import MX_ELEMENTS, MX_SCALE_RULES, mx_dequantize, mx_dequantize_graph, mx_quantize, mx_scale_shape
 
 __all__ = ["cast", "cast_like", "dequantize_linear", "dynamic_quantize_linear", "quantize_linear",
-           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv"]
+           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv", "mx_quantize", "mx_dequantize", "mx_dequantize_graph",
+           "mx_scale_shape", "MX_ELEMENTS", "MX_SCALE_RULES"]

@@ -1,0 +1,308 @@
+# OCP Microscaling quantization (qemu_q/ops/mx.py): per block of block_size elements along
+# an axis, the shared e8m0 scale from the block's amax (pyx/_mx_codecs.pxd) and the
+# elements x / X rounded to nearest even into the element format, normals clamped to +-max.
+# The Python layer validates and hands over float32 x (float16/bfloat16 widened exactly),
+# one-per-byte or packed code storage, the e8m0 scale bytes and one MXQuantizeConfig.
+#
+# A task is a run of whole blocks ("groups": one outer index and one block index, all
+# inner columns), so that every block is reduced and encoded by one thread and the bits
+# never depend on the split. Packed output is written by whole bytes: the plan only fuses
+# packing where every group starts on a whole packing group (qemu_q/ops/mx.py).
+
+cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
+from libc.stdint cimport int32_t, uint8_t, uint32_t
+from libc.stdlib cimport malloc, free
+
+from _tasks cimport run_tasks
+from _codecs cimport (
+    SF_COUNT, SmallFloat32Encoder, small_float32_encoder, small_float_format, SmallFloatFormat,
+    float_bits, round_biased, saturate_biased, select_i32,
+)
+from _mx_codecs cimport (
+    MXElement, MX_FLOOR, MX_CEIL, MX_EVEN, MX_RCEIL, MX_RCEIL_F32, MX_SCALE_NAN,
+    mx_scale_code, mx_inverse_scale, encode_mx_small_float,
+)
+from _subbyte cimport pack_codes, packed_bytes
+
+cdef enum:
+    # Elements per task, in whole groups (at least one group per task).
+    MX_TASK = 32768
+    # Columns reduced together when the axis is not innermost: the amax, code and inverse
+    # scale of each live on the stack.
+    MX_COLUMNS = 256
+    # MXINT8's implied element scale 2**-6, as the factor that turns x / X into code units.
+    INT8_UNITS = 64
+
+# The element id MXQuantizeConfig takes for MXINT8 (the small floats use their SF_* id).
+ELEMENT_INT8 = -1
+SCALE_RULES = {"floor": MX_FLOOR, "ceil": MX_CEIL, "even": MX_EVEN, "rceil": MX_RCEIL,
+               "rceil_f32": MX_RCEIL_F32}
+
+
+cdef struct MXPlan:
+    Py_ssize_t outer
+    Py_ssize_t axis_len
+    Py_ssize_t inner
+    Py_ssize_t block_size
+    Py_ssize_t n_blocks
+    Py_ssize_t groups_per_task
+    int rule
+    bint int8
+    int nan_code          # every code of a NaN block (the element's NaN, or +0 without one)
+    int code_bits         # packed width (4 or 6), 0 for one code per byte
+    MXElement element
+    SmallFloat32Encoder encoder
+
+
+cdef struct MXWork:
+    const float* x
+    uint8_t* codes        # one per byte, or the packed bytes
+    uint8_t* scales
+    Py_ssize_t size
+    Py_ssize_t n_groups
+    int* failed           # set by a task whose buffer could not be allocated
+    MXPlan plan
+
+
+cdef void encode_run(const float* x, uint8_t* out, Py_ssize_t n, int code, const MXPlan* p) noexcept nogil:
+    # The elements of one contiguous block, all under the scale `code`.
+    cdef Py_ssize_t i
+    cdef float inverse = mx_inverse_scale(code)
+    cdef SmallFloat32Encoder encoder = p.encoder  # a local copy the compiler keeps in registers
+    cdef uint8_t nan_code = <uint8_t>p.nan_code
+    if code == MX_SCALE_NAN:
+        for i in range(n):
+            out[i] = nan_code
+    elif p.int8:
+        for i in range(n):
+            out[i] = <uint8_t>(saturate_biased(round_biased((x[i] * inverse) * <float>INT8_UNITS), 0, -127, 127) & 0xFF)
+    else:
+        for i in range(n):
+            out[i] = <uint8_t>encode_mx_small_float(x[i] * inverse, &encoder)
+
+
+cdef inline uint32_t block_amax(const float* x, Py_ssize_t n) noexcept nogil:
+    # The largest magnitude as float32 bits: integer order is value order for non-NaN
+    # magnitudes, and a NaN's magnitude is above inf's.
+    cdef const uint32_t* bits = <const uint32_t*>x
+    cdef uint32_t m = 0
+    cdef uint32_t a
+    cdef Py_ssize_t i
+    for i in range(n):
+        a = bits[i] & 0x7FFFFFFF
+        m = a if a > m else m
+    return m
+
+
+cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out, Py_ssize_t out_base) noexcept nogil:
+    # Groups [g0, g1); `out` receives the one-per-byte code of flat element i at
+    # out[i - out_base].
+    cdef const MXPlan* p = &w.plan
+    cdef Py_ssize_t g, o, b, rows, j, r, c0, n_cols, start, scale_base
+    cdef uint32_t amax[MX_COLUMNS]
+    cdef float inverse[MX_COLUMNS]
+    cdef int32_t is_nan[MX_COLUMNS]
+    cdef uint32_t a
+    cdef int code
+    cdef const float* row
+    cdef const uint32_t* row_bits
+    cdef uint8_t* dest
+    cdef SmallFloat32Encoder encoder = p.encoder
+    cdef int32_t nan_code = p.nan_code
+    cdef int32_t encoded
+    cdef bint int8 = p.int8
+    cdef Py_ssize_t inner = p.inner
+    cdef const float* x = w.x
+    if p.inner == 1:
+        # Consecutive groups of the innermost axis are consecutive runs of x: one division
+        # for the task, none per block.
+        o = g0 // p.n_blocks
+        b = g0 - o * p.n_blocks
+        start = o * p.axis_len + b * p.block_size
+        for g in range(g0, g1):
+            rows = min(p.block_size, p.axis_len - b * p.block_size)
+            code = mx_scale_code(block_amax(w.x + start, rows), p.rule, &p.element)
+            w.scales[g] = <uint8_t>code
+            encode_run(w.x + start, out + (start - out_base), rows, code, p)
+            start += rows
+            b += 1
+            if b == p.n_blocks:
+                b = 0
+        return
+    for g in range(g0, g1):
+        o = g // p.n_blocks
+        b = g - o * p.n_blocks
+        rows = min(p.block_size, p.axis_len - b * p.block_size)
+        start = (o * p.axis_len + b * p.block_size) * p.inner
+        scale_base = g * p.inner
+        # The axis is not innermost: the block of column r is rows elements `inner` apart;
+        # MX_COLUMNS columns are reduced and encoded together, row by row.
+        c0 = 0
+        while c0 < p.inner:
+            n_cols = min(<Py_ssize_t>MX_COLUMNS, p.inner - c0)
+            for r in range(n_cols):
+                amax[r] = 0
+            for j in range(rows):
+                row_bits = <const uint32_t*>(x + start + j * inner + c0)
+                for r in range(n_cols):
+                    a = row_bits[r] & 0x7FFFFFFF
+                    amax[r] = a if a > amax[r] else amax[r]
+            for r in range(n_cols):
+                code = mx_scale_code(amax[r], p.rule, &p.element)
+                w.scales[scale_base + c0 + r] = <uint8_t>code
+                inverse[r] = mx_inverse_scale(code)
+                is_nan[r] = code == MX_SCALE_NAN
+            # Two loops, so that neither branches per element; the plan's fields are read
+            # into locals first (a store through dest may alias the plan).
+            if int8:
+                for j in range(rows):
+                    row = x + start + j * inner + c0
+                    dest = out + (start + j * inner + c0 - out_base)
+                    for r in range(n_cols):
+                        encoded = saturate_biased(round_biased((row[r] * inverse[r]) * <float>INT8_UNITS), 0, -127, 127) & 0xFF
+                        dest[r] = <uint8_t>select_i32(is_nan[r], nan_code, encoded)
+            else:
+                for j in range(rows):
+                    row = x + start + j * inner + c0
+                    dest = out + (start + j * inner + c0 - out_base)
+                    for r in range(n_cols):
+                        encoded = encode_mx_small_float(row[r] * inverse[r], &encoder)
+                        dest[r] = <uint8_t>select_i32(is_nan[r], nan_code, encoded)
+            c0 += n_cols
+
+
+cdef inline Py_ssize_t group_start(const MXWork* w, Py_ssize_t g) noexcept nogil:
+    cdef const MXPlan* p = &w.plan
+    cdef Py_ssize_t o
+    if g >= w.n_groups:
+        return w.size
+    o = g // p.n_blocks
+    return (o * p.axis_len + (g - o * p.n_blocks) * p.block_size) * p.inner
+
+
+cdef void mx_task(const void* work, Py_ssize_t task) noexcept nogil:
+    cdef const MXWork* w = <const MXWork*>work
+    cdef const MXPlan* p = &w.plan
+    cdef Py_ssize_t g0 = task * p.groups_per_task
+    cdef Py_ssize_t g1 = min(g0 + p.groups_per_task, w.n_groups)
+    cdef Py_ssize_t start, stop
+    cdef uint8_t* buffer
+    if p.code_bits == 0:
+        quantize_groups(w, g0, g1, w.codes, 0)
+        return
+    # Packed: the task's codes one per byte in a private buffer, then packed into its own
+    # whole bytes (the plan guarantees every group starts on a packing group).
+    start = group_start(w, g0)
+    stop = group_start(w, g1)
+    buffer = <uint8_t*>malloc(stop - start)
+    if buffer == NULL:
+        w.failed[0] = 1  # the entry raises MemoryError: no output is left unset silently
+        return
+    quantize_groups(w, g0, g1, buffer, start)
+    pack_codes(buffer, stop - start, w.codes + start * p.code_bits // 8, p.code_bits)
+    free(buffer)
+
+
+cdef class MXQuantizeConfig:
+    """One mx_quantize plan, as qemu_q/ops/mx.py decides it; every field is checked here."""
+    cdef MXPlan plan
+
+    def __init__(self, *, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
+                 Py_ssize_t block_size, int element, int rule, int code_bits):
+        cdef SmallFloatFormat f
+        if outer < 0 or axis_len < 1 or inner < 1:
+            raise ValueError(f"MXQuantizeConfig: extents ({outer}, {axis_len}, {inner}) must be >= (0, 1, 1)")
+        if not 1 <= block_size <= axis_len:
+            raise ValueError(f"MXQuantizeConfig: block_size={block_size} outside [1, {axis_len}]")
+        if rule not in SCALE_RULES.values():
+            raise ValueError(f"MXQuantizeConfig: unknown rule {rule}")
+        if element != ELEMENT_INT8 and not 0 <= element < SF_COUNT:
+            raise ValueError(f"MXQuantizeConfig: element={element} is neither a small float nor ELEMENT_INT8")
+        if code_bits not in (0, 4, 6):
+            raise ValueError(f"MXQuantizeConfig: code_bits={code_bits}; allowed 0 (one per byte), 4, 6")
+        p = &self.plan
+        p.outer = outer
+        p.axis_len = axis_len
+        p.inner = inner
+        p.block_size = block_size
+        p.n_blocks = axis_len // block_size + (axis_len % block_size != 0)
+        p.groups_per_task = max(1, MX_TASK // (block_size * inner))
+        p.rule = rule
+        p.int8 = element == ELEMENT_INT8
+        p.code_bits = code_bits
+        if p.int8:
+            max_value = 127.0 / 64.0
+            p.element.fraction_bits = 6
+            p.nan_code = 0
+            p.encoder = small_float32_encoder(0, True, 0)
+        else:
+            f = small_float_format(element)
+            if code_bits and code_bits != f.width:
+                raise ValueError(f"MXQuantizeConfig: code_bits={code_bits} but the element has {f.width} bits")
+            max_value = f.max_finite
+            p.element.fraction_bits = f.mantissa_bits
+            # The element's quiet NaN where it has one (e4m3fn 0x7F, e5m2 0x7E), else +0.
+            p.nan_code = f.nan_code if f.nan_code >= 0 else 0
+            if f.unsigned_zero:
+                # encode_mx_small_float writes -0 codes: FNUZ formats are no MX elements.
+                raise ValueError(f"MXQuantizeConfig: element={element} is an FNUZ format, no MX element")
+            # NaN and inf never reach the encoder (their blocks take nan_code); normals
+            # beyond +-max clamp to +-max (OCP).
+            p.encoder = small_float32_encoder(element, True, 0)
+        emax = 0
+        while 2.0 ** (emax + 1) <= max_value:
+            emax += 1
+        p.element.emax = emax
+        p.element.max_fraction = <uint32_t>((max_value / 2.0 ** emax - 1.0) * 8388608.0)
+        p.element.max_reciprocal = <float>(1.0 / max_value)
+
+    @property
+    def n_scales(self):
+        return self.plan.outer * self.plan.n_blocks * self.plan.inner
+
+    @property
+    def emax(self):
+        return self.plan.element.emax
+
+    @property
+    def max_fraction(self):
+        return self.plan.element.max_fraction
+
+
+def mx_quantize(const float[::1] x, uint8_t[::1] codes, uint8_t[::1] scales,
+                MXQuantizeConfig config not None, int n_threads):
+    """codes, scales = MX(x): codes one per byte (config.code_bits == 0) or packed."""
+    cdef MXWork work
+    cdef Py_ssize_t size = x.shape[0]
+    cdef Py_ssize_t n_tasks
+    cdef int failed = 0
+    work.plan = config.plan
+    if size != work.plan.outer * work.plan.axis_len * work.plan.inner:
+        raise ValueError(f"mx_quantize: x has {size} elements; the layout has "
+                         f"{work.plan.outer * work.plan.axis_len * work.plan.inner}")
+    if work.plan.code_bits == 0:
+        if codes.shape[0] != size:
+            raise ValueError(f"mx_quantize: codes has {codes.shape[0]} bytes; {size} codes take {size}")
+    elif codes.shape[0] != packed_bytes(size, work.plan.code_bits):
+        raise ValueError(f"mx_quantize: codes has {codes.shape[0]} bytes; {size} packed codes of "
+                         f"{work.plan.code_bits} bits take {packed_bytes(size, work.plan.code_bits)}")
+    if scales.shape[0] != config.n_scales:
+        raise ValueError(f"mx_quantize: scales has {scales.shape[0]} bytes; the layout has {config.n_scales} blocks")
+    if size == 0:
+        return
+    if work.plan.code_bits:
+        # Every group must start on a whole packing group (4 codes) for tasks to own whole bytes.
+        if (work.plan.block_size * work.plan.inner) % 4 or (work.plan.axis_len * work.plan.inner) % 4:
+            raise ValueError("mx_quantize: packed output needs block_size * inner and axis_len * inner "
+                             "to be multiples of 4")
+    work.x = &x[0]
+    work.codes = &codes[0]
+    work.scales = &scales[0]
+    work.size = size
+    work.n_groups = work.plan.outer * work.plan.n_blocks
+    work.failed = &failed
+    n_tasks = (work.n_groups + work.plan.groups_per_task - 1) // work.plan.groups_per_task
+    with nogil:
+        run_tasks(mx_task, &work, n_tasks, n_threads)
+    if failed:
+        raise MemoryError("mx_quantize: no memory for a task's code buffer")
