@@ -122,10 +122,7 @@ def tensor_amax(x: np.ndarray, recipe: str) -> np.float32:
     values = [F32(v) for v in np.asarray(x, dtype=np.float32).ravel()]
     if recipe == "transformer_engine":
         # amax kernel: max = fmaxf(fabsf(val), max) from 0
-        m = F32(0)
-        for v in values:
-            m = fmaxf(abs(v), m)
-        return m
+        return F32(np.fmax.reduce(np.abs(np.asarray(values, dtype=np.float32)), initial=F32(0)))
     # torch.max(torch.abs(x)) / max(|max|, |min|): NaN wins
     if any(math.isnan(v) for v in values):
         return F32(np.nan)
@@ -156,9 +153,8 @@ def global_parameters(recipe: str, amax) -> dict:
 
 def _block_transformer_engine(values: np.ndarray, g: dict):
     with np.errstate(all="ignore"):
-        block_amax = F32(0)
-        for v in values:
-            block_amax = fmaxf(block_amax, abs(v))
+        # block_amax = fmaxf(block_amax, fabsf(elt)) from 0.0f: NaN never wins
+        block_amax = F32(np.fmax.reduce(np.abs(values), initial=F32(0)))
         # compute_decoding_scaling_factor: block_amax * (S_enc * fp4_max_inv), fminf FLT_MAX,
         # static_cast<fp8e4m3> (satfinite)
         s_dec_b = block_amax * (g["s_enc"] * g["inv6"])

@@ -12,7 +12,7 @@ import qemu_q
 from qemu_q.ops.nvfp4 import RECIPES
 
 import nvfp4_oracle as oracle
-from support import assert_same_bits, bits
+from support import assert_same_bits, bits, divergence_entry
 
 F4 = ml_dtypes.float4_e2m1fn
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -363,3 +363,149 @@ def test_bad_inputs():
         qemu_q.nvfp4_dequantize(codes, scales, 1.0)
     with pytest.raises(ValueError, match="global_scale has shape"):
         qemu_q.nvfp4_dequantize(codes, scales, np.ones(2, np.float32))
+
+
+# ------------------------------------------------- docs/divergences.md: recipes compared
+
+def _diff(a, b) -> int:
+    return int((np.asarray(a).view(np.uint8) != np.asarray(b).view(np.uint8)).sum())
+
+
+def _all_recipes_checked(x):
+    """Each recipe by qemu_q, asserted equal to the oracle's transcription of its source."""
+    results = {}
+    for recipe in RECIPES:
+        results[recipe] = _check(x, recipe)
+    return results
+
+
+@divergence_entry("NVFP4 recipes: one outlier dominates the tensor amax (torchao's 2^-6 clamp)")
+def test_recipes_outlier():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((256, 256)).astype(np.float32)
+    x[0, 0] = 1e6
+    r = _all_recipes_checked(x)
+    te, ao, mo = r["transformer_engine"], r["torchao"], r["modelopt"]
+    assert {bits(v[2]).item() for v in r.values()} == {0x43BA030C}
+    assert (_diff(te[1], ao[1]), _diff(te[0], ao[0])) == (4095, 62118)
+    assert (_diff(te[1], mo[1]), _diff(te[0], mo[0])) == (0, 0)
+    # torchao lifts every small block's scale to 2**-6 (0x08); TransformerEngine and ModelOpt
+    # round it to the e4m3 subnormals 0 or 2**-9 (0x00 / 0x01).
+    assert set(ao[1].view(np.uint8).ravel()[1:].tolist()) == {0x08}
+    assert set(te[1].view(np.uint8).ravel()[1:].tolist()) == {0x00, 0x01}
+
+
+@divergence_entry("NVFP4 recipes: bfloat16-rounded N(0,1), TransformerEngine vs ModelOpt vs torchao")
+def test_recipes_bfloat16_normal():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 1024)).astype(ml_dtypes.bfloat16).astype(np.float32)
+    r = _all_recipes_checked(x)
+    te, ao, mo = r["transformer_engine"], r["torchao"], r["modelopt"]
+    # 1 / (2688 / A) and A / 2688 differ by one ulp for this amax
+    assert bits(te[2]).item() == 988158049 and bits(mo[2]).item() == bits(ao[2]).item() == 988158050
+    assert (_diff(te[1], mo[1]), _diff(te[0], mo[0])) == (0, 507)
+    assert (_diff(te[1], ao[1]), _diff(te[0], ao[0])) == (0, 0)
+    assert (_diff(ao[1], mo[1]), _diff(ao[0], mo[0])) == (0, 507)
+
+
+def _te_python_reference(x: np.ndarray):
+    """transformer_engine/pytorch/custom_recipes/reference_nvfp4.py, _quantize_blockwise_reference
+    (1x16, no 4over6), transcribed for one row of whole blocks; global_amax = torch.amax."""
+    f = np.float32
+    with np.errstate(all="ignore"):
+        global_amax = f(np.nan) if np.isnan(x).any() else f(np.abs(x).max())
+        encode = f(448.0) * f(6.0) / global_amax  # torch.div(GLOBAL_SCALE_E4M3_MAX * FLOAT4_E2M1_MAX, amax)
+        encode = encode if np.isnan(encode) else min(encode, f(np.finfo(f).max))  # torch.min
+        if encode == f(0.0):
+            encode = f(1.0)
+        decode_global = f(1.0) / encode
+        codes, scales = [], []
+        for block in x.reshape(-1, 16):
+            vec_max = f(np.nan) if np.isnan(block).any() else f(np.abs(block).max())
+            s = vec_max * (encode * (f(1.0) / f(6.0)))
+            s = s if np.isnan(s) else min(s, f(np.finfo(f).max))
+            s = s if np.isnan(s) else min(max(s, f(-448.0)), f(448.0))
+            code = int(oracle.e4m3_rne(s, saturate=False))
+            e = f(1.0) / (oracle.e4m3_value(code) * decode_global)
+            e = e if np.isnan(e) else min(e, f(np.finfo(f).max))
+            scaled = np.clip(block * e, f(-6.0), f(6.0))
+            # cast_to_fp4x2's ranges: -0.0 lands in [0, 0.25] (code 0); NaN in none (0)
+            c = np.zeros(16, dtype=np.int64)
+            table = [((scaled >= 0.0) & (scaled <= 0.25), 0), ((scaled > 0.25) & (scaled < 0.75), 1),
+                     ((scaled >= 0.75) & (scaled <= 1.25), 2), ((scaled > 1.25) & (scaled < 1.75), 3),
+                     ((scaled >= 1.75) & (scaled <= 2.5), 4), ((scaled > 2.5) & (scaled < 3.5), 5),
+                     ((scaled >= 3.5) & (scaled <= 5.0), 6), (scaled > 5.0, 7),
+                     ((scaled >= -0.25) & (scaled < -0.0), 8), ((scaled < -0.25) & (scaled > -0.75), 9),
+                     ((scaled <= -0.75) & (scaled >= -1.25), 10), ((scaled < -1.25) & (scaled > -1.75), 11),
+                     ((scaled <= -1.75) & (scaled >= -2.5), 12), ((scaled < -2.5) & (scaled > -3.5), 13),
+                     ((scaled <= -3.5) & (scaled >= -5.0), 14), (scaled < -5.0, 15)]
+            for mask, value in table:
+                c[mask] = value
+            codes.append(c)
+            scales.append(code)
+    return np.concatenate(codes).astype(np.uint8), np.array(scales, dtype=np.uint8), decode_global
+
+
+@divergence_entry("NVFP4 transformer_engine: the Python reference vs the CUDA kernels")
+def test_transformer_engine_python_reference():
+    # (a) a zero tensor: CUDA S_enc = 1, the reference keeps FLT_MAX (S_dec 2**-128)
+    zero = np.zeros(16, dtype=np.float32)
+    _, _, g = _check(zero, "transformer_engine")
+    _, _, ref_g = _te_python_reference(zero)
+    assert bits(g).item() == 0x3F800000 and np.float32(ref_g).view(np.uint32) == 0x00200000
+    # (b) -0.0: cvt keeps the sign (0x8), cast_to_fp4x2 gives 0
+    x = np.array([-0.0, 1.0] + [0.5] * 14, dtype=np.float32)
+    codes, _, _ = _check(x, "transformer_engine")
+    ref_codes, _, _ = _te_python_reference(x)
+    assert codes.view(np.uint8)[0] == 0x8 and ref_codes[0] == 0x0
+    assert (codes.view(np.uint8)[1:] == ref_codes[1:]).all()
+    # (c) a NaN element: CUDA ignores it in the amax (scale 0x7E, codes kept, NaN -> 0x7);
+    # the reference's block scale is NaN and every code of the block 0
+    x = np.array([np.nan, 6.0, -3.0] + [1.0] * 13, dtype=np.float32)
+    codes, scales, _ = _check(x, "transformer_engine", global_amax=np.float32(6.0))
+    assert scales.view(np.uint8).tolist() == [0x7E]
+    assert codes.view(np.uint8)[:3].tolist() == [0x7, 0x7, 0xD]
+    ref_block = np.array([np.nan, 6.0, -3.0] + [1.0] * 13, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        vec_max = np.float32(np.nan)  # torch.amax of a block holding NaN
+        s = vec_max * (np.float32(448.0) * (np.float32(1.0) / np.float32(6.0)))
+    assert np.isnan(s) and int(oracle.e4m3_rne(s, saturate=False)) == 0x7F
+    assert _te_python_reference(np.concatenate([ref_block, np.full(16, 6.0, np.float32)]))[0][:16].tolist() == [0] * 16
+
+
+@divergence_entry("NVFP4 dequantize: TransformerEngine's dequantize kernel vs the ONNX graph")
+def test_transformer_engine_dequantize_kernel():
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((64, 64)) * 3).astype(np.float32)
+    codes, scales, g = _check(x, "transformer_engine")
+    y = qemu_q.nvfp4_dequantize(codes, scales, g)
+    assert_same_bits(y, oracle.dequantize_exact(codes.view(np.uint8), scales.view(np.uint8), g))
+    # dequantize_nvfp4.cuh: final_scale = static_cast<float>(scale) * amax * factor_inv,
+    # factor_inv = 1.0f / (6.0f * 448.0f); out = code * final_scale
+    f = np.float32
+    amax = f(np.abs(x).max())
+    factor_inv = f(1.0) / (f(6.0) * f(448.0))
+    block = scales.astype(np.float32)
+    final = (block * amax) * factor_inv
+    y_te = codes.astype(np.float32) * np.repeat(final, 16, axis=1)
+    graph_block = block * g
+    assert int((final.view(np.uint32) != graph_block.view(np.uint32)).sum()) == 32
+    assert int((y_te.view(np.uint32) != y.view(np.uint32)).sum()) == 468
+
+
+@divergence_entry("NVFP4 torchao: a NaN quotient's code depends on the NaN's bits (GPU vs CPU)")
+def test_torchao_nan_code_by_device():
+    x = np.array([np.nan] + [1.0] * 15, dtype=np.float32)
+    codes, scales, _ = _check(x, "torchao")
+    assert set(codes.view(np.uint8).tolist()) == {0x4} and scales.view(np.uint8).tolist() == [0x7F]
+
+    def f32_to_f4(bits_: int) -> int:
+        # _f32_to_floatx_unpacked(ebits=2, mbits=1), the normal branch a NaN takes
+        sign = bits_ & 0x80000000
+        a = bits_ ^ sign
+        odd = (a >> 22) & 1
+        return ((((a + ((1 - 127) << 23) + (2**21 - 1)) + odd) >> 22) & 0xFF) | (sign >> 28)
+
+    assert f32_to_f4(0x7FFFFFFF) == 0x4  # the GPU's canonical NaN: what qemu_q writes
+    assert f32_to_f4(0xFFC00000) == 0xB  # x86's default NaN (torch on a CPU): -1.5
+    assert f32_to_f4(0x7FC00000) == 0x3  # a quiet NaN input passed through on a CPU
