@@ -245,6 +245,24 @@ def test_dequantize_is_the_onnx_graph(recipe, shape, axis, block_shape, output_d
                          f"{recipe} dequantize vs exact")
 
 
+def test_dequantize_model_runs_in_onnx_reference():
+    from onnx.reference import ReferenceEvaluator
+
+    from qemu_q.ops.nvfp4 import dequantize_model
+
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 37)).astype(np.float32)
+    for recipe in RECIPES:
+        codes, scales, g = qemu_q.nvfp4_quantize(x, recipe=recipe)
+        for output_dtype in (np.float32, ml_dtypes.bfloat16):
+            model = dequantize_model(codes.shape, output_dtype=output_dtype)
+            (want,) = ReferenceEvaluator(model).run(None, {"codes": codes, "block_scales": scales, "global_scale": g})
+            got = qemu_q.nvfp4_dequantize(codes, scales, g, output_dtype=output_dtype)
+            assert_same_bits(got, want.astype(output_dtype), recipe)
+    with pytest.raises(ValueError, match="output_dtype=int8"):
+        dequantize_model((2, 16), output_dtype=np.int8)
+
+
 # ------------------------------------------------------------ threads, levels, outputs
 
 @pytest.mark.parametrize("recipe", RECIPES)

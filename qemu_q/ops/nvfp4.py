@@ -17,7 +17,7 @@ import numpy as np
 from .. import _coerce, _dispatch
 from .._buffers import finish_output, flat_storage, kernel_output
 from .._dispatch import Path
-from .._dtypes import ELEMENT_TYPES
+from .._dtypes import ELEMENT_TYPES, element_type
 from .._pack import pack
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
@@ -256,3 +256,33 @@ def nvfp4_global_scale(global_amax, *, recipe: str = "transformer_engine") -> np
     recipe = _recipe(recipe)
     amax = _global_amax(global_amax)
     return np.array(_dispatch.entry_module(Path.NVFP4_QUANTIZE).global_scale(recipe, amax), dtype=np.float32)
+
+
+def dequantize_model(codes_shape, *, axis: int = -1, output_dtype: TypeSpec = np.float32,
+                     opset: int = 24):
+    """The ONNX model of the NVFP4 dequantization graph (inputs "codes" float4e2m1 of
+    `codes_shape`, "block_scales" float8e4m3fn of the blocked shape, "global_scale" float32
+    scalar; output "y"): what a golden case writes and onnx.reference runs. Needs onnx."""
+    from ..golden.writers import import_onnx
+
+    onnx = import_onnx()
+    helper, TensorProto = onnx.helper, onnx.TensorProto
+    shape = tuple(int(n) for n in codes_shape)
+    axis_ = _axis(axis, len(shape))
+    out_type = element_type(output_dtype, "output_dtype")
+    if out_type.name not in ("float", "float16", "bfloat16"):
+        raise ValueError(f"output_dtype={out_type.name}; allowed float32, float16, bfloat16")
+    if opset < 24:
+        raise ValueError(f"opset={opset}: float4e2m1 blocked DequantizeLinear needs opset 24 or newer")
+    nodes = [
+        helper.make_node("DequantizeLinear", ["block_scales", "global_scale"], ["block_scale_f32"]),
+        helper.make_node("DequantizeLinear", ["codes", "block_scale_f32"], ["y"], axis=axis_,
+                         block_size=BLOCK, output_dtype=out_type.onnx_id),
+    ]
+    graph = helper.make_graph(
+        nodes, "nvfp4_dequantize",
+        [helper.make_tensor_value_info("codes", TensorProto.FLOAT4E2M1, shape),
+         helper.make_tensor_value_info("block_scales", TensorProto.FLOAT8E4M3FN, scales_shape(shape, axis_)),
+         helper.make_tensor_value_info("global_scale", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", out_type.onnx_id, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
