@@ -18,7 +18,8 @@ from libc.stdint cimport uint8_t, int32_t, uint32_t
 from _tasks cimport run_tasks
 from _codecs cimport (
     SF_E4M3FN, SF_E2M1, SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
-    SmallFloat32Decoder, small_float32_decoder, decode_small_float32, float_bits,
+    SmallFloat32Decoder, small_float32_decoder, decode_small_float32, float_bits, bits_float,
+    select_i32,
 )
 from _memory cimport check_aligned
 
@@ -99,22 +100,98 @@ cdef void global_parameters(NVFP4Plan* p, float amax) noexcept nogil:
 
 
 cdef inline int encode_e2m1_torchao(float q, const SmallFloat32Encoder* e) noexcept nogil:
-    # _f32_to_floatx_unpacked on a NaN: neither saturate_mask (x >= max_normal) nor
-    # denormal_mask (x < min_normal) holds, so the normal branch's integer arithmetic runs
-    # on the NaN's bits: the canonical NaN 0x7FFFFFFF gives 0x104, cut to uint8: 0x04.
-    if isnan(q):
-        return 0x4
-    return encode_small_float32(q, e)
+    # torch.clamp(., -6, 6) then _f32_to_floatx_unpacked: the clamp changes nothing the
+    # saturating encoder does not (beyond +-6 both give +-6). A NaN matches neither its
+    # saturate_mask (x >= max_normal) nor its denormal_mask (x < min_normal), so the normal
+    # branch's integer arithmetic runs on the NaN's bits: the canonical NaN 0x7FFFFFFF gives
+    # 0x104, cut to uint8: 0x04.
+    return select_i32(q != q, 0x4, encode_small_float32(q, e))
 
 
 cdef inline int encode_e2m1_modelopt(float q, const SmallFloat32Encoder* e) noexcept nogil:
     # _cast_fp4: sign_bit = (weight < 0), so -0.0 is +0; searchsorted puts NaN after every
     # bound (ordinal 7, +6), and the ordinal plus the tie fix-up is round-half-even.
-    if isnan(q):
-        return 0x7
-    if float_bits(q) == <uint32_t>0x80000000u:
-        return 0x0
-    return encode_small_float32(q, e)
+    cdef int code = encode_small_float32(q, e)
+    code = select_i32(float_bits(q) == <uint32_t>0x80000000u, 0x0, code)
+    return select_i32(q != q, 0x7, code)
+
+
+cdef inline void encode_run(const float* x, uint8_t* codes, Py_ssize_t count, Py_ssize_t stride,
+                            float factor, int recipe, const SmallFloat32Encoder* e2m1) noexcept nogil:
+    # The elements of one block row; one loop per recipe so that no recipe test runs per
+    # element (branch-free bodies: the stride-1 loops vectorize).
+    cdef Py_ssize_t j
+    cdef SmallFloat32Encoder e = e2m1[0]
+    if recipe == RECIPE_TRANSFORMER_ENGINE:
+        # mul.f32x2, cvt.rn.satfinite.e2m1x2.f32 (NaN -> +6)
+        for j in range(count):
+            codes[j * stride] = <uint8_t>encode_small_float32(x[j * stride] * factor, &e)
+    elif recipe == RECIPE_TORCHAO:
+        # data_hp * reciprocal_scale; clamp to +-F4_E2M1_MAX; f32_to_f4_unpacked
+        for j in range(count):
+            codes[j * stride] = <uint8_t>encode_e2m1_torchao(x[j * stride] * factor, &e)
+    else:
+        # input / (scale.float() * wsf2); _cast_fp4
+        for j in range(count):
+            codes[j * stride] = <uint8_t>encode_e2m1_modelopt(x[j * stride] / factor, &e)
+
+
+cdef inline uint32_t abs_max_bits(const float* x, Py_ssize_t count, Py_ssize_t stride,
+                                  uint32_t* finite_max) noexcept nogil:
+    # max |x| on the bits (non-negative floats order as their bits): the maximum of all
+    # magnitudes (a NaN, above 0x7F800000, wins: torch.amax) and, in finite_max, of the
+    # non-NaN ones (fmaxf from 0: a NaN never wins). Integer maxima vectorize; fmaxf does not.
+    cdef Py_ssize_t j
+    cdef uint32_t a, m_all = 0, m_num = 0
+    for j in range(count):
+        a = float_bits(x[j * stride]) & 0x7FFFFFFF
+        m_all = a if a > m_all else m_all
+        a = a if a <= 0x7F800000 else 0
+        m_num = a if a > m_num else m_num
+    finite_max[0] = m_num if m_num > finite_max[0] else finite_max[0]
+    return m_all
+
+
+cdef inline float block_factor(const NVFP4Plan* p, float amax, bint nan_seen, int* scale_code) noexcept nogil:
+    # The e4m3 block scale (into scale_code) and the factor the elements are multiplied
+    # (TE, torchao) or divided (ModelOpt) by.
+    cdef float s, factor, decoded
+    cdef float six = 6.0
+    cdef float one = 1.0
+    cdef float e4m3_min_normal = 0.015625  # torch.finfo(torch.float8_e4m3fn).tiny, 2**-6
+    cdef float e4m3_max = 448.0
+    if p.recipe == RECIPE_TRANSFORMER_ENGINE:
+        # compute_decoding_scaling_factor: block_amax * (S_enc * fp4_max_inv), fminf
+        # FLT_MAX, cast with __NV_SATFINITE; then the "correct" encode factor
+        # fminf(1.0f / (float(S_dec_b_fp8) * S_dec), FLT_MAX).
+        s = amax * p.scale_multiplier
+        s = fminf(s, FLT_MAX)
+        scale_code[0] = encode_small_float32(s, &p.e4m3)
+        decoded = decode_small_float32(<uint32_t>scale_code[0], &p.e4m3_decoder)
+        factor = decoded * p.global_scale
+        factor = one / factor
+        return fminf(factor, FLT_MAX)
+    if nan_seen:
+        amax = NAN  # torch.amax propagates NaN
+    if p.recipe == RECIPE_TORCHAO:
+        # block_scale = max_abs / F4_E2M1_MAX; / per_tensor_scale; clamp to
+        # [E4M3_EPS, F8E4M3_MAX] (NaN passes torch.clamp); .to(float8_e4m3fn);
+        # reciprocal_scale = (1.0 / per_tensor_scale) / scaled_block_scales_fp32.
+        s = amax / six
+        s = s / p.global_scale
+        if not isnan(s):
+            s = fminf(fmaxf(s, e4m3_min_normal), e4m3_max)
+        scale_code[0] = encode_small_float32(s, &p.e4m3)
+        decoded = decode_small_float32(<uint32_t>scale_code[0], &p.e4m3_decoder)
+        return p.inverse_global / decoded
+    # per_block_scale = per_block_amax / (6.0 * wsf2); == 0 -> 1.0; .to(e4m3fn) without a
+    # clamp; the divisor is float(e4m3) * wsf2.
+    s = amax / p.six_global
+    if s == 0.0:
+        s = 1.0
+    scale_code[0] = encode_small_float32(s, &p.e4m3)
+    decoded = decode_small_float32(<uint32_t>scale_code[0], &p.e4m3_decoder)
+    return decoded * p.global_scale
 
 
 cdef void nvfp4_task(const void* work, Py_ssize_t task) noexcept nogil:
@@ -130,91 +207,29 @@ cdef void nvfp4_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef Py_ssize_t i1 = min(i0 + p.tile_inner, p.inner)
     cdef Py_ssize_t kb0 = chunk * BLOCKS_PER_TASK
     cdef Py_ssize_t kb1 = min(kb0 + BLOCKS_PER_TASK, p.n_blocks)
-    cdef Py_ssize_t kb, k0, k1, o, k, i, at, row
-    cdef float amax, v, s, factor, decoded, q
-    cdef bint nan_seen
-    cdef int scale_code, code
-    cdef SmallFloat32Encoder e2m1 = p.e2m1
-    cdef int recipe = p.recipe
-    cdef float six = 6.0
-    cdef float one = 1.0
-    cdef float e4m3_min_normal = 0.015625  # torch.finfo(torch.float8_e4m3fn).tiny, 2**-6
-    cdef float e4m3_max = 448.0
+    cdef Py_ssize_t kb, k0, k1, o, i, at
+    cdef uint32_t all_max, finite_max
+    cdef float factor
+    cdef int scale_code = 0
     for kb in range(kb0, kb1):
         k0 = kb * BLOCK
         k1 = min(k0 + BLOCK, p.length)
-        # 1. The block amax. TransformerEngine reduces with fmaxf from 0 (a NaN element
-        # never wins); torch.amax (torchao, ModelOpt) propagates NaN.
-        amax = 0.0
-        nan_seen = False
+        # 1. The block (or tile) amax: its rows along the blocked axis, stride `inner`.
+        all_max = 0
+        finite_max = 0
         for o in range(o0, o1):
-            row = (o * p.length) * p.inner
-            for k in range(k0, k1):
-                at = row + k * p.inner
-                for i in range(i0, i1):
-                    v = w.x[at + i]
-                    nan_seen = nan_seen or isnan(v)
-                    amax = fmaxf(amax, fabsf(v))
-        # 2. The e4m3 block scale and the element factor.
-        if recipe == RECIPE_TRANSFORMER_ENGINE:
-            # compute_decoding_scaling_factor: block_amax * (S_enc * fp4_max_inv), fminf
-            # FLT_MAX, cast with __NV_SATFINITE; then the "correct" encode factor
-            # fminf(1.0f / (float(S_dec_b_fp8) * S_dec), FLT_MAX).
-            s = amax * p.scale_multiplier
-            s = fminf(s, FLT_MAX)
-            scale_code = encode_small_float32(s, &p.e4m3)
-            decoded = decode_small_float32(<uint32_t>scale_code, &p.e4m3_decoder)
-            factor = decoded * p.global_scale
-            factor = one / factor
-            factor = fminf(factor, FLT_MAX)
-        elif recipe == RECIPE_TORCHAO:
-            # block_scale = max_abs / F4_E2M1_MAX; / per_tensor_scale; clamp to
-            # [E4M3_EPS, F8E4M3_MAX] (NaN passes torch.clamp); .to(float8_e4m3fn);
-            # reciprocal_scale = (1.0 / per_tensor_scale) / scaled_block_scales_fp32.
-            if nan_seen:
-                amax = NAN
-            s = amax / six
-            s = s / p.global_scale
-            if not isnan(s):
-                s = fminf(fmaxf(s, e4m3_min_normal), e4m3_max)
-            scale_code = encode_small_float32(s, &p.e4m3)
-            decoded = decode_small_float32(<uint32_t>scale_code, &p.e4m3_decoder)
-            factor = p.inverse_global / decoded
-        else:
-            # per_block_scale = per_block_amax / (6.0 * wsf2); == 0 -> 1.0; .to(e4m3fn)
-            # without a clamp; the divisor is float(e4m3) * wsf2.
-            if nan_seen:
-                amax = NAN
-            s = amax / p.six_global
-            if s == 0.0:
-                s = 1.0
-            scale_code = encode_small_float32(s, &p.e4m3)
-            decoded = decode_small_float32(<uint32_t>scale_code, &p.e4m3_decoder)
-            factor = decoded * p.global_scale
+            for i in range(i0, i1):
+                at = (o * p.length + k0) * p.inner + i
+                all_max = max(all_max, abs_max_bits(w.x + at, k1 - k0, p.inner, &finite_max))
+        # 2. The e4m3 block scale and the element factor. TransformerEngine reduces with
+        # fmaxf from 0 (a NaN element never wins); torch.amax propagates NaN.
+        factor = block_factor(p, bits_float(finite_max), all_max > 0x7F800000, &scale_code)
         # 3. The elements, and the scale repeated over the tile's rows (TransformerEngine's
         # 2-D layout: one scale per row of each 16-element block).
         for o in range(o0, o1):
-            row = (o * p.length) * p.inner
-            for k in range(k0, k1):
-                at = row + k * p.inner
-                for i in range(i0, i1):
-                    v = w.x[at + i]
-                    if recipe == RECIPE_TRANSFORMER_ENGINE:
-                        # mul.f32x2, cvt.rn.satfinite.e2m1x2.f32
-                        q = v * factor
-                        code = encode_small_float32(q, &e2m1)
-                    elif recipe == RECIPE_TORCHAO:
-                        # data_hp * reciprocal_scale; clamp to +-F4_E2M1_MAX; f32_to_f4_unpacked
-                        q = v * factor
-                        if not isnan(q):
-                            q = fminf(fmaxf(q, -six), six)
-                        code = encode_e2m1_torchao(q, &e2m1)
-                    else:
-                        # input / (scale.float() * wsf2); _cast_fp4
-                        q = v / factor
-                        code = encode_e2m1_modelopt(q, &e2m1)
-                    w.codes[at + i] = <uint8_t>code
             for i in range(i0, i1):
+                at = (o * p.length + k0) * p.inner + i
+                encode_run(w.x + at, w.codes + at, k1 - k0, p.inner, factor, p.recipe, &p.e2m1)
                 w.scales[(o * p.n_blocks + kb) * p.inner + i] = <uint8_t>scale_code
 
 
