@@ -122,6 +122,18 @@ cdef inline void encode_run(const float* x, uint8_t* codes, Py_ssize_t count, Py
     # element (branch-free bodies: the stride-1 loops vectorize).
     cdef Py_ssize_t j
     cdef SmallFloat32Encoder e = e2m1[0]
+    if stride == 1:
+        # the blocked axis is the last one: contiguous loops the compiler vectorizes
+        if recipe == RECIPE_TRANSFORMER_ENGINE:
+            for j in range(count):
+                codes[j] = <uint8_t>encode_small_float32(x[j] * factor, &e)
+        elif recipe == RECIPE_TORCHAO:
+            for j in range(count):
+                codes[j] = <uint8_t>encode_e2m1_torchao(x[j] * factor, &e)
+        else:
+            for j in range(count):
+                codes[j] = <uint8_t>encode_e2m1_modelopt(x[j] / factor, &e)
+        return
     if recipe == RECIPE_TRANSFORMER_ENGINE:
         # mul.f32x2, cvt.rn.satfinite.e2m1x2.f32 (NaN -> +6)
         for j in range(count):
@@ -143,6 +155,14 @@ cdef inline uint32_t abs_max_bits(const float* x, Py_ssize_t count, Py_ssize_t s
     # non-NaN ones (fmaxf from 0: a NaN never wins). Integer maxima vectorize; fmaxf does not.
     cdef Py_ssize_t j
     cdef uint32_t a, m_all = 0, m_num = 0
+    if stride == 1:
+        for j in range(count):
+            a = float_bits(x[j]) & 0x7FFFFFFF
+            m_all = a if a > m_all else m_all
+            a = a if a <= 0x7F800000 else 0
+            m_num = a if a > m_num else m_num
+        finite_max[0] = m_num if m_num > finite_max[0] else finite_max[0]
+        return m_all
     for j in range(count):
         a = float_bits(x[j * stride]) & 0x7FFFFFFF
         m_all = a if a > m_all else m_all
