@@ -310,7 +310,15 @@ def test_packed_and_out():
     out = (np.empty((3, 21), F4), np.empty((3, 2), E4M3))
     got = qemu_q.nvfp4_quantize(x, out=out)
     assert got[0] is out[0] and got[1] is out[1]
-    assert_same_bits(out[0], codes) and assert_same_bits(out[1], scales)
+    assert_same_bits(out[0], codes)
+    assert_same_bits(out[1], scales)
+    packed_out = (np.empty(32, np.uint8), np.empty((3, 2), E4M3))
+    got = qemu_q.nvfp4_quantize(x, out=packed_out, packed=True)
+    assert got[0] is packed_out[0] and got[1] is packed_out[1]
+    assert_same_bits(packed_out[0], packed)
+    assert_same_bits(packed_out[1], scales)
+    with pytest.raises(ValueError, match=r"out\[0\] \(codes\) has shape \(31,\)"):
+        qemu_q.nvfp4_quantize(x, out=(np.empty(31, np.uint8), packed_out[1]), packed=True)
     empty = qemu_q.nvfp4_quantize(np.zeros((0, 16), np.float32), recipe="torchao")
     assert empty[0].shape == (0, 16) and empty[1].shape == (0, 1)
 
