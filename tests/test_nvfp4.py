@@ -245,6 +245,27 @@ def test_dequantize_is_the_onnx_graph(recipe, shape, axis, block_shape, output_d
                          f"{recipe} dequantize vs exact")
 
 
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 5), cols=st.integers(1, 50),
+       g=st.sampled_from([1.0, 2.0**-10, 3.7e-3, -0.5, float("inf"), 1e30, 0.0, float("nan")]))
+@settings(max_examples=60, deadline=None)
+def test_dequantize_any_bytes_is_the_onnx_graph(seed, rows, cols, g):
+    # every code and every scale byte (NaN 0x7F/0xFF, negative scales, subnormals) and odd
+    # global scales: the two DequantizeLinear calls give onnx.reference's bits
+    from onnx.reference import ReferenceEvaluator
+
+    from qemu_q.ops.nvfp4 import dequantize_model
+
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (rows, cols)).astype(np.uint8).view(F4)
+    scales = rng.integers(0, 256, (rows, -(-cols // 16))).astype(np.uint8).view(E4M3)
+    g = np.array(g, np.float32)
+    y = qemu_q.nvfp4_dequantize(codes, scales, g)
+    with np.errstate(all="ignore"):
+        (want,) = ReferenceEvaluator(dequantize_model(codes.shape)).run(
+            None, {"codes": codes, "block_scales": scales, "global_scale": g})
+    assert_same_bits(y, want, "nvfp4_dequantize vs onnx.reference")
+
+
 def test_dequantize_model_runs_in_onnx_reference():
     from onnx.reference import ReferenceEvaluator
 
@@ -269,16 +290,23 @@ def test_dequantize_model_runs_in_onnx_reference():
 def test_threads_do_not_change_bits(recipe):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((300, 1000)).astype(np.float32)
-    x[::7, ::13] = np.nan
     x[5, 5] = 1e5
-    one = qemu_q.nvfp4_quantize(x, recipe=recipe, n_threads=1)
-    for n in (2, 3, 8):
-        many = qemu_q.nvfp4_quantize(x, recipe=recipe, n_threads=n)
-        for a, b in zip(one, many):
-            assert_same_bits(a, b, f"{recipe} n_threads={n}")
-    two_d = [qemu_q.nvfp4_quantize(x, recipe=recipe, block_shape=(16, 16), n_threads=n) for n in (1, 4)]
-    for a, b in zip(*two_d):
-        assert_same_bits(a, b, f"{recipe} 2-D")
+    with_nan = x.copy()
+    with_nan[::7, ::13] = np.nan  # torchao and ModelOpt: a NaN tensor amax, all NaN codes
+    for data in (x, with_nan):
+        one = qemu_q.nvfp4_quantize(data, recipe=recipe, n_threads=1)
+        for n in (2, 3, 8):
+            many = qemu_q.nvfp4_quantize(data, recipe=recipe, n_threads=n)
+            for a, b in zip(one, many):
+                assert_same_bits(a, b, f"{recipe} n_threads={n}")
+    for kwargs in (dict(block_shape=(16, 16)), dict(block_shape=(16, 16), axis=0), dict(axis=0)):
+        runs = [qemu_q.nvfp4_quantize(x, recipe=recipe, n_threads=n, **kwargs) for n in (1, 4)]
+        for a, b in zip(*runs):
+            assert_same_bits(a, b, f"{recipe} {kwargs}")
+    y = x.reshape(30, 100, 100)
+    runs = [qemu_q.nvfp4_quantize(y, recipe=recipe, axis=1, n_threads=n) for n in (1, 3)]
+    for a, b in zip(*runs):
+        assert_same_bits(a, b, f"{recipe} 3-D axis=1")
 
 
 def test_every_kernel_level_gives_the_same_bits():
