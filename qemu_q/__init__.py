@@ -11,6 +11,7 @@ from ._pack import pack, unpack
 from .ops import cast, cast_like, dequantize_linear, dynamic_quantize_linear, quantize_linear
 from .ops import conv_integer, matmul_integer, qlinear_conv, qlinear_matmul
 from .ops import MX_ELEMENTS, MX_SCALE_RULES, mx_dequantize, mx_dequantize_graph, mx_quantize, mx_scale_shape
+from .ops import nvfp4_dequantize, nvfp4_global_scale, nvfp4_quantize
 from ._parallel import openmp_compiled as _openmp_compiled
 from ._onnx_plugin import onnx_ops
 from ._registry import run_op
@@ -28,6 +29,7 @@ __all__ = [
     "__version__",
     "matmul_integer", "conv_integer", "qlinear_matmul", "qlinear_conv",
     "mx_quantize", "mx_dequantize", "mx_dequantize_graph", "mx_scale_shape", "MX_ELEMENTS", "MX_SCALE_RULES",
+    "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_global_scale",
 ]
 
 

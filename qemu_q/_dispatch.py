@@ -27,6 +27,7 @@ class Path(Enum):
     UNPACK = "unpack"
     CAST = "cast"
     MX_QUANTIZE = "mx_quantize"              # OCP MX: shared scales and codes (one per byte or packed)
+    NVFP4_QUANTIZE = "nvfp4_quantize"
 
 
 # path -> (kernel family in qemu_q._kernels.KernelSet, or None for the level-independent
@@ -40,6 +41,7 @@ KERNEL_ENTRIES = {
     Path.UNPACK: (None, "unpack"),
     Path.CAST: ("cast", "cast"),
     Path.MX_QUANTIZE: ("mx", "mx_quantize"),
+    Path.NVFP4_QUANTIZE: ("nvfp4", "quantize"),
 }
 
 # False forces the kernels' general scalar paths (the tests compare both); read when a

@@ -30,6 +30,7 @@ class KernelSet:
     dequantize: ModuleType
     cast: ModuleType
     mx: ModuleType
+    nvfp4: ModuleType
 
 
 def _suffix(level: str) -> str:
@@ -57,6 +58,7 @@ def load(level: str) -> KernelSet:
         importlib.import_module(f"qemu_q._dequantize{suffix}"),
         importlib.import_module(f"qemu_q._cast{suffix}"),
         importlib.import_module(f"qemu_q._mx{suffix}"),
+        importlib.import_module(f"qemu_q._nvfp4{suffix}"),
     )
 
 

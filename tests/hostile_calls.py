@@ -273,8 +273,8 @@ def gen_out(rng, nrng, x):
 
 def gen_call(rng: random.Random, nrng):
     """(description, callable, inputs to fingerprint, reasons the call must be rejected)."""
-    op = rng.choices(["quantize", "dequantize", "dynamic", "pack", "unpack", "run_op", "cast"],
-                     weights=[40, 25, 5, 10, 10, 10, 12])[0]
+    op = rng.choices(["quantize", "dequantize", "dynamic", "pack", "unpack", "run_op", "cast", "nvfp4"],
+                     weights=[40, 25, 5, 10, 10, 10, 12, 8])[0]
     reasons = []
     kwargs = {}
 
@@ -357,6 +357,21 @@ def gen_call(rng: random.Random, nrng):
                 reasons.append(f"out={describe(out)}")
         return (f"cast({describe(x)}, {describe(to)}, {describe(kwargs)})",
                 lambda: qemu_q.cast(x, to, **kwargs), (x,), reasons)
+
+    if op == "nvfp4":
+        x, foreign = gen_x(rng, nrng, foreign_p=0.1,
+                           dtypes=[np.float32] * 6 + [np.float16, ml_dtypes.bfloat16] + ONNX_DTYPES)
+        if x.dtype not in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+            reasons.append(f"x={describe(x)}")
+        attribute("recipe", ["transformer_engine", "torchao", "modelopt"], ["te", 3, None, b"torchao"], p=0.6)
+        attribute("axis", AXES_VALID, AXES_INVALID_TYPE, AXES_OTHER, p=0.5)
+        attribute("block_shape", [(1, 16), (16, 16)], [(1, 32), (16,), "x", None, (1.0, 16)], p=0.4)
+        attribute("global_amax", [None, np.float32(1.0), 2.0, np.float32(np.inf), np.float32(np.nan)],
+                  [-1.0, 0.1, "1", np.ones(3, np.float32)], p=0.3)
+        attribute("packed", [False, True], ["yes", 1], p=0.2)
+        attribute("n_threads", THREADS_VALID, THREADS_INVALID, p=0.3)
+        return (f"nvfp4_quantize({describe(x)}, {describe(kwargs)})",
+                lambda: qemu_q.nvfp4_quantize(x, **kwargs), (x,), reasons)
 
     if op == "dynamic":
         x, foreign = gen_x(rng, nrng, foreign_p=0.3, dtypes=[np.float32] * 6 + ONNX_DTYPES)

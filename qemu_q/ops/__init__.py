@@ -9,6 +9,9 @@ from .matmul_integer import matmul_integer, qlinear_matmul
 from .conv_integer import conv_integer, qlinear_conv
 from .mx import MX_ELEMENTS, MX_SCALE_RULES, mx_dequantize, mx_dequantize_graph, mx_quantize, mx_scale_shape
 
+from .nvfp4 import nvfp4_dequantize, nvfp4_global_scale, nvfp4_quantize
+
 __all__ = ["cast", "cast_like", "dequantize_linear", "dynamic_quantize_linear", "quantize_linear",
-           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv", "mx_quantize", "mx_dequantize", "mx_dequantize_graph",
-           "mx_scale_shape", "MX_ELEMENTS", "MX_SCALE_RULES"]
+           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv",
+           "mx_quantize", "mx_dequantize", "mx_dequantize_graph", "mx_scale_shape", "MX_ELEMENTS",
+           "MX_SCALE_RULES", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_global_scale"]
