@@ -1,10 +1,12 @@
 # The integer datapath's kernels (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv):
-# the int32 wrap of exact sums (plus the bias), the VPMADDUBSW pair-saturating accumulation
-# profile, and the requantization under the three named rules of docs/semantics.md.
+# the exact int16 GEMM with int32 sums wrapping modulo 2**32, the VPMADDUBSW
+# pair-saturating accumulation profile, and the requantization under the three named rules
+# of docs/semantics.md. Built once per instruction-set level (setup.py: ISA_MODULES); the
+# levels differ in vector width only, never in a bit.
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fabsf, nearbyint, nearbyintf, isnan, isinf, isfinite
-from libc.stdint cimport int8_t, uint8_t, int32_t, uint32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 
 from _codecs cimport (float_bits, bits_float, round_to_value_format, FMT_FLOAT32,
                       FMT_FLOAT16, FMT_BFLOAT16)
@@ -114,54 +116,349 @@ RULES = {"exact": RULE_EXACT, "float32": RULE_FLOAT32, "float64": RULE_FLOAT64}
 SCALE_FORMATS = {"float": FMT_FLOAT32, "float16": FMT_FLOAT16, "bfloat16": FMT_BFLOAT16}
 
 
-# --- int32 wrap of exact sums ------------------------------------------------------------
+# --- the exact int16 GEMM ---------------------------------------------------------------
+#
+# out[t] = a[a_item[t]] @ b[b_item[t]] with int16 operand values (8-bit codes minus their
+# zero points: |v| <= 255) and int32 sums that wrap modulo 2**32. VPMADDWD multiplies two
+# pairs of int16 and adds the two exact products into one int32 lane (|sum| <= 2 * 255**2
+# < 2**31, so that add never overflows); VPADDD then wraps modulo 2**32, which is the
+# spec's int32 accumulation whatever the order, so the sums are exact modulo 2**32 for any
+# K and never depend on the thread count or the vector width.
+#
+# The operands are packed first (in parallel) so that the micro-kernel reads both
+# sequentially: a in panels of MR rows, each k-pair (k, k+1) of a row one 32-bit word
+# (broadcast to every lane), b in panels of NR columns, each k-pair of a column one 32-bit
+# word (NR columns = two vectors). The micro-kernel keeps an MR x NR tile of int32 sums in
+# registers over the whole K; a task covers a block of row panels times a block of column
+# panels, so one column panel stays in L1 while the block's row panels stream from L2.
 
-cdef struct WrapWork:
-    const double* sums
-    const int32_t* bias   # NULL, or one per row / per column
-    int bias_per_row
+cdef extern from *:
+    """
+    #if defined(__AVX512BW__)
+    #include <immintrin.h>
+    #define QQ_VL 16
+    #define QQ_MR 12
+    typedef __m512i qq_vec;
+    #define QQ_ZERO() _mm512_setzero_si512()
+    #define QQ_LOAD(p) _mm512_loadu_si512((const void *)(p))
+    #define QQ_STORE(p, v) _mm512_storeu_si512((void *)(p), (v))
+    #define QQ_BCAST(x) _mm512_set1_epi32(x)
+    #define QQ_MADD(a, b) _mm512_madd_epi16((a), (b))
+    #define QQ_ADD(a, b) _mm512_add_epi32((a), (b))
+    #elif defined(__AVX2__)
+    #include <immintrin.h>
+    #define QQ_VL 8
+    #define QQ_MR 6
+    typedef __m256i qq_vec;
+    #define QQ_ZERO() _mm256_setzero_si256()
+    #define QQ_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+    #define QQ_STORE(p, v) _mm256_storeu_si256((__m256i *)(p), (v))
+    #define QQ_BCAST(x) _mm256_set1_epi32(x)
+    #define QQ_MADD(a, b) _mm256_madd_epi16((a), (b))
+    #define QQ_ADD(a, b) _mm256_add_epi32((a), (b))
+    #elif defined(__SSE2__) || defined(_M_X64)
+    #include <emmintrin.h>
+    #define QQ_VL 4
+    #define QQ_MR 6
+    typedef __m128i qq_vec;
+    #define QQ_ZERO() _mm_setzero_si128()
+    #define QQ_LOAD(p) _mm_loadu_si128((const __m128i *)(p))
+    #define QQ_STORE(p, v) _mm_storeu_si128((__m128i *)(p), (v))
+    #define QQ_BCAST(x) _mm_set1_epi32(x)
+    #define QQ_MADD(a, b) _mm_madd_epi16((a), (b))
+    #define QQ_ADD(a, b) _mm_add_epi32((a), (b))
+    #endif
+
+    #ifdef QQ_VL
+    #define QQ_NR (2 * QQ_VL)
+    #define QQ_DECL(r) qq_vec c##r##_0 = QQ_ZERO(), c##r##_1 = QQ_ZERO();
+    #define QQ_STEP(r) a = QQ_BCAST(ap[r]); \\
+        c##r##_0 = QQ_ADD(c##r##_0, QQ_MADD(a, b0)); c##r##_1 = QQ_ADD(c##r##_1, QQ_MADD(a, b1));
+    #define QQ_STEP_DP(r) a = QQ_BCAST(ap[r]); \\
+        c##r##_0 = QQ_DPWSSD(c##r##_0, a, b0); c##r##_1 = QQ_DPWSSD(c##r##_1, a, b1);
+    #define QQ_OUT(r) QQ_STORE(tile + (r) * QQ_NR, c##r##_0); QQ_STORE(tile + (r) * QQ_NR + QQ_VL, c##r##_1);
+    #if QQ_MR == 12
+    #define QQ_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+    #else
+    #define QQ_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+    #endif
+    /* tile[MR][NR] = the int32 (wrapping) sums of one packed row panel times one packed
+       column panel over `pairs` k-pairs. */
+    #define QQ_KERNEL_BODY(STEP) \\
+        qq_vec a, b0, b1; \\
+        Py_ssize_t p; \\
+        QQ_ROWS(QQ_DECL) \\
+        for (p = 0; p < pairs; p++) { \\
+            b0 = QQ_LOAD(bp); \\
+            b1 = QQ_LOAD(bp + QQ_VL); \\
+            QQ_ROWS(STEP) \\
+            ap += QQ_MR; \\
+            bp += QQ_NR; \\
+        } \\
+        QQ_ROWS(QQ_OUT)
+    static void qq_micro_plain(const int32_t *ap, const int32_t *bp, Py_ssize_t pairs, int32_t *tile) {
+        QQ_KERNEL_BODY(QQ_STEP)
+    }
+    /* VPDPWSSD (AVX-VNNI, AVX512-VNNI) is VPMADDWD and VPADDD in one instruction, the add
+       wrapping as VPADDD does (the saturating form is VPDPWSSDS): the same bits in half the
+       instructions. Neither x86-64 level includes it, so it is chosen at run time. */
+    #if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512BW__)
+    #define QQ_DP_TARGET "avx512vnni"
+    #define QQ_DP_FEATURE "avx512vnni"
+    #define QQ_DPWSSD(c, a, b) _mm512_dpwssd_epi32((c), (a), (b))
+    #elif defined(__GNUC__) && !defined(__clang__) && defined(__AVX2__) && __GNUC__ >= 11
+    #define QQ_DP_TARGET "avxvnni"
+    #define QQ_DP_FEATURE "avxvnni"
+    #define QQ_DPWSSD(c, a, b) _mm256_dpwssd_avx_epi32((c), (a), (b))
+    #endif
+    #ifdef QQ_DP_TARGET
+    __attribute__((target(QQ_DP_TARGET)))
+    static void qq_micro_dp(const int32_t *ap, const int32_t *bp, Py_ssize_t pairs, int32_t *tile) {
+        QQ_KERNEL_BODY(QQ_STEP_DP)
+    }
+    static int qq_has_dp(void) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports(QQ_DP_FEATURE) != 0;
+    }
+    static const char *qq_dp_name(void) { return QQ_DP_FEATURE; }
+    #else
+    #define qq_micro_dp qq_micro_plain
+    static int qq_has_dp(void) { return 0; }
+    static const char *qq_dp_name(void) { return ""; }
+    #endif
+    #else
+    /* Portable C: the same sums, wrapping in uint32. */
+    #define QQ_MR 4
+    #define QQ_NR 8
+    static void qq_micro_plain(const int32_t *ap, const int32_t *bp, Py_ssize_t pairs, int32_t *tile) {
+        uint32_t acc[QQ_MR * QQ_NR];
+        Py_ssize_t p;
+        int r, c;
+        memset(acc, 0, sizeof acc);
+        for (p = 0; p < pairs; p++) {
+            for (r = 0; r < QQ_MR; r++) {
+                int32_t lo = (int16_t)(ap[r] & 0xFFFF), hi = (int16_t)((uint32_t)ap[r] >> 16);
+                for (c = 0; c < QQ_NR; c++)
+                    acc[r * QQ_NR + c] += (uint32_t)(lo * (int16_t)(bp[c] & 0xFFFF)
+                                                     + hi * (int16_t)((uint32_t)bp[c] >> 16));
+            }
+            ap += QQ_MR;
+            bp += QQ_NR;
+        }
+        memcpy(tile, acc, sizeof acc);
+    }
+    #define qq_micro_dp qq_micro_plain
+    static int qq_has_dp(void) { return 0; }
+    static const char *qq_dp_name(void) { return ""; }
+    #endif
+    """
+    enum:
+        QQ_MR
+        QQ_NR
+    void micro_plain "qq_micro_plain" (const int32_t* ap, const int32_t* bp, Py_ssize_t pairs,
+                                       int32_t* tile) noexcept nogil
+    void micro_dp "qq_micro_dp" (const int32_t* ap, const int32_t* bp, Py_ssize_t pairs,
+                                 int32_t* tile) noexcept nogil
+    int has_dot_product "qq_has_dp" () noexcept nogil
+    const char* dot_product_name "qq_dp_name" () noexcept nogil
+
+ctypedef void (*micro_fn)(const int32_t* ap, const int32_t* bp, Py_ssize_t pairs,
+                          int32_t* tile) noexcept nogil
+
+cdef extern from "<stdlib.h>" nogil:
+    void* malloc(size_t size)
+    void free(void* p)
+
+cdef extern from "<string.h>" nogil:
+    void* memcpy(void* dst, const void* src, size_t n)
+
+cdef enum:
+    # Row panels per task (MR rows each) and columns per task: a task's row panels
+    # (MR * ROW_PANELS * K int16) stay in L2 while one column panel is reused from L1.
+    ROW_PANELS = 8
+    TASK_COLS = 256
+
+MR = QQ_MR
+NR = QQ_NR
+# The CPU feature whose VPDPWSSD this module's GEMM uses ("" when it uses VPMADDWD + VPADDD).
+DOT_PRODUCT = dot_product_name().decode() if has_dot_product() else ""
+
+
+cdef class GemmConfig:
+    """The geometry of one exact int16 GEMM call: `items` products of [rows, depth] by
+    [depth, cols]."""
+    cdef readonly Py_ssize_t items
+    cdef readonly Py_ssize_t rows
+    cdef readonly Py_ssize_t depth
+    cdef readonly Py_ssize_t cols
+    cdef readonly bint dot_product
+
+    def __init__(self, *, Py_ssize_t items, Py_ssize_t rows, Py_ssize_t depth, Py_ssize_t cols,
+                 bint dot_product=True):
+        """dot_product=False keeps VPMADDWD + VPADDD where VPDPWSSD exists (the tests
+        compare both)."""
+        if items < 0 or rows < 0 or depth < 0 or cols < 0:
+            raise ValueError(f"GemmConfig: negative size (items={items}, rows={rows}, "
+                             f"depth={depth}, cols={cols})")
+        self.items = items
+        self.rows = rows
+        self.depth = depth
+        self.cols = cols
+        self.dot_product = dot_product and bool(DOT_PRODUCT)
+
+
+cdef struct GemmWork:
+    micro_fn micro
+    const int16_t* a         # [a_items, rows, depth]
+    const int16_t* b         # [b_items, depth, cols]
+    const Py_ssize_t* a_item  # [items]: the a operand of each output item
+    const Py_ssize_t* b_item
+    int32_t* out              # [items, rows, cols]
+    int32_t* packed_a         # [a_items, row panels, pairs, MR]
+    int32_t* packed_b         # [b_items, column panels, pairs, NR]
+    Py_ssize_t a_items
+    Py_ssize_t b_items
     Py_ssize_t rows
+    Py_ssize_t depth
     Py_ssize_t cols
-    int32_t* out
+    Py_ssize_t pairs
+    Py_ssize_t row_panels
+    Py_ssize_t col_panels
+    Py_ssize_t row_blocks
+    Py_ssize_t col_blocks
+    Py_ssize_t cols_per_block  # a multiple of NR
 
 
-cdef void wrap_task(const void* work, Py_ssize_t task) noexcept nogil:
-    cdef const WrapWork* w = <const WrapWork*>work
-    cdef Py_ssize_t r, c
-    cdef int64_t s
-    cdef uint32_t wrapped
-    for r in range(task * ROW_BLOCK, min((task + 1) * ROW_BLOCK, w.rows)):
-        for c in range(w.cols):
-            # Exact integers below 2**53 (the caller's bound), so the conversion is exact.
-            s = <int64_t>w.sums[r * w.cols + c]
-            wrapped = <uint32_t>(<uint64_t>s)
-            if w.bias != NULL:
-                wrapped = wrapped + <uint32_t>(w.bias[r] if w.bias_per_row else w.bias[c])
-            w.out[r * w.cols + c] = <int32_t>wrapped
+cdef inline int32_t pair_word(int16_t lo, int16_t hi) noexcept nogil:
+    # Little-endian lanes: VPMADDWD multiplies the low int16 by the low one of the other
+    # operand and the high by the high.
+    return <int32_t>(<uint32_t><uint16_t>lo | (<uint32_t><uint16_t>hi << 16))
 
 
-def wrap_sums(const double[:, ::1] sums, bias, bint bias_per_row, int32_t[:, ::1] out,
-              int n_threads):
-    """out = (sums + bias) modulo 2**32 as int32; sums are exact integers below 2**53."""
-    cdef WrapWork work
-    cdef const int32_t[::1] bias_view
-    if sums.shape[0] != out.shape[0] or sums.shape[1] != out.shape[1]:
-        raise ValueError("wrap_sums: sums and out differ in shape")
-    work.sums = &sums[0, 0] if sums.size else NULL
-    work.out = &out[0, 0] if out.size else NULL
-    work.rows = sums.shape[0]
-    work.cols = sums.shape[1]
-    work.bias = NULL
-    work.bias_per_row = bias_per_row
-    if bias is not None:
-        bias_view = bias
-        if bias_view.shape[0] != (work.rows if bias_per_row else work.cols):
-            raise ValueError("wrap_sums: bias length differs from its axis")
-        work.bias = &bias_view[0] if bias_view.shape[0] else NULL
-    if sums.size == 0:
+cdef void pack_task(const void* work, Py_ssize_t task) noexcept nogil:
+    cdef const GemmWork* w = <const GemmWork*>work
+    cdef Py_ssize_t a_tasks = w.a_items * w.row_panels
+    cdef Py_ssize_t item, panel, p, i, row, col, k
+    cdef const int16_t* src
+    cdef const int16_t* next_row
+    cdef int32_t* dst
+    cdef int16_t lo, hi
+    if task < a_tasks:
+        item = task // w.row_panels
+        panel = task % w.row_panels
+        dst = w.packed_a + (item * w.row_panels + panel) * w.pairs * QQ_MR
+        src = w.a + item * w.rows * w.depth
+        for p in range(w.pairs):
+            k = 2 * p
+            for i in range(QQ_MR):
+                row = panel * QQ_MR + i
+                if row < w.rows:
+                    lo = src[row * w.depth + k]
+                    hi = src[row * w.depth + k + 1] if k + 1 < w.depth else 0
+                    dst[p * QQ_MR + i] = pair_word(lo, hi)
+                else:
+                    dst[p * QQ_MR + i] = 0
         return
-    with nogil:
-        run_tasks(wrap_task, &work, (work.rows + ROW_BLOCK - 1) // ROW_BLOCK, n_threads)
+    task -= a_tasks
+    item = task // w.col_panels
+    panel = task % w.col_panels
+    dst = w.packed_b + (item * w.col_panels + panel) * w.pairs * QQ_NR
+    for p in range(w.pairs):
+        k = 2 * p
+        src = w.b + (item * w.depth + k) * w.cols + panel * QQ_NR
+        if k + 1 < w.depth and (panel + 1) * QQ_NR <= w.cols:
+            next_row = src + w.cols
+            for i in range(QQ_NR):
+                dst[p * QQ_NR + i] = pair_word(src[i], next_row[i])
+            continue
+        for i in range(QQ_NR):
+            col = panel * QQ_NR + i
+            if col < w.cols:
+                hi = src[i + w.cols] if k + 1 < w.depth else 0
+                dst[p * QQ_NR + i] = pair_word(src[i], hi)
+            else:
+                dst[p * QQ_NR + i] = 0
+
+
+cdef void gemm_task(const void* work, Py_ssize_t task) noexcept nogil:
+    cdef const GemmWork* w = <const GemmWork*>work
+    cdef Py_ssize_t per_item = w.row_blocks * w.col_blocks
+    cdef Py_ssize_t item = task // per_item
+    cdef Py_ssize_t row_block = (task % per_item) // w.col_blocks
+    cdef Py_ssize_t col_block = task % w.col_blocks
+    cdef Py_ssize_t first_col = col_block * w.cols_per_block
+    cdef Py_ssize_t col_end = min(first_col + w.cols_per_block, w.cols)
+    cdef Py_ssize_t row_end = min((row_block + 1) * ROW_PANELS * QQ_MR, w.rows)
+    cdef const int32_t* a_base = w.packed_a + w.a_item[item] * w.row_panels * w.pairs * QQ_MR
+    cdef const int32_t* b_base = w.packed_b + w.b_item[item] * w.col_panels * w.pairs * QQ_NR
+    cdef int32_t* out = w.out + item * w.rows * w.cols
+    cdef int32_t tile[QQ_MR * QQ_NR]
+    cdef Py_ssize_t col, row, r, width, height
+    col = first_col
+    while col < col_end:
+        width = min(<Py_ssize_t>QQ_NR, w.cols - col)
+        row = row_block * ROW_PANELS * QQ_MR
+        while row < row_end:
+            height = min(<Py_ssize_t>QQ_MR, w.rows - row)
+            w.micro(a_base + (row // QQ_MR) * w.pairs * QQ_MR,
+                         b_base + (col // QQ_NR) * w.pairs * QQ_NR, w.pairs, tile)
+            for r in range(height):
+                memcpy(out + (row + r) * w.cols + col, tile + r * QQ_NR, width * sizeof(int32_t))
+            row += QQ_MR
+        col += QQ_NR
+
+
+def gemm_s16(const int16_t[:, :, ::1] a, const int16_t[:, :, ::1] b,
+             const Py_ssize_t[::1] a_item, const Py_ssize_t[::1] b_item,
+             int32_t[:, :, ::1] out, GemmConfig config, int n_threads):
+    """out[t] = a[a_item[t]] @ b[b_item[t]], exact products of int16 values with
+    |v| <= 255, int32 sums wrapping modulo 2**32."""
+    cdef GemmWork work
+    cdef Py_ssize_t t, n_pack
+    if (a.shape[1] != config.rows or a.shape[2] != config.depth or b.shape[1] != config.depth
+            or b.shape[2] != config.cols or out.shape[0] != config.items
+            or out.shape[1] != config.rows or out.shape[2] != config.cols
+            or a_item.shape[0] != config.items or b_item.shape[0] != config.items):
+        raise ValueError("gemm_s16: the arrays do not match the configuration")
+    for t in range(config.items):
+        if not (0 <= a_item[t] < a.shape[0] and 0 <= b_item[t] < b.shape[0]):
+            raise ValueError("gemm_s16: an item index is out of range")
+    if out.size == 0:
+        return
+    if config.depth == 0:
+        out[:, :, :] = 0
+        return
+    work.micro = micro_dp if config.dot_product else micro_plain
+    work.a = &a[0, 0, 0]
+    work.b = &b[0, 0, 0]
+    work.a_item = &a_item[0]
+    work.b_item = &b_item[0]
+    work.out = &out[0, 0, 0]
+    work.a_items = a.shape[0]
+    work.b_items = b.shape[0]
+    work.rows = config.rows
+    work.depth = config.depth
+    work.cols = config.cols
+    work.pairs = (config.depth + 1) // 2
+    work.row_panels = (config.rows + QQ_MR - 1) // QQ_MR
+    work.col_panels = (config.cols + QQ_NR - 1) // QQ_NR
+    work.cols_per_block = max(<Py_ssize_t>QQ_NR, TASK_COLS // QQ_NR * QQ_NR)
+    work.row_blocks = (work.row_panels + ROW_PANELS - 1) // ROW_PANELS
+    work.col_blocks = (config.cols + work.cols_per_block - 1) // work.cols_per_block
+    work.packed_a = <int32_t*>malloc(work.a_items * work.row_panels * work.pairs * QQ_MR * sizeof(int32_t))
+    work.packed_b = <int32_t*>malloc(work.b_items * work.col_panels * work.pairs * QQ_NR * sizeof(int32_t))
+    if work.packed_a == NULL or work.packed_b == NULL:
+        free(work.packed_a)
+        free(work.packed_b)
+        raise MemoryError("gemm_s16: no memory for the packed operands")
+    n_pack = work.a_items * work.row_panels + work.b_items * work.col_panels
+    try:
+        with nogil:
+            run_tasks(pack_task, &work, n_pack, n_threads)
+            run_tasks(gemm_task, &work, config.items * work.row_blocks * work.col_blocks, n_threads)
+    finally:
+        free(work.packed_a)
+        free(work.packed_b)
 
 
 # --- the VPMADDUBSW pair profile ---------------------------------------------------------
@@ -268,6 +565,7 @@ cdef struct RequantizeWork:
     int32_t hi
     uint8_t* codes           # integer output, the low byte of each code
     float* values            # float output
+    bint uniform_cols        # every column scale has the same bits
 
 
 cdef inline int32_t saturate_code(double r, const RequantizeWork* w) noexcept nogil:
@@ -321,6 +619,39 @@ cdef inline double multiplier_in_format(float sa, float sb, float sy, int fmt) n
     return round_to_value_format(<double>product / <double>sy, 0.0, fmt)
 
 
+cdef void requantize_row_float32(const int32_t* acc, float m32, uint8_t* codes, Py_ssize_t n,
+                                 const RequantizeWork* w) noexcept nogil:
+    # The "float32" rule with one finite multiplier, branch-free so that it vectorizes.
+    # The zero point is added in float32: exact while |round(v)| < 2**24, and beyond that
+    # the sum, however rounded, stays outside [lo, hi] (a range within +-2**16), so the
+    # clamp gives what the exact sum would.
+    cdef Py_ssize_t c
+    cdef float f
+    cdef float zp = <float>w.zero_point
+    cdef float lo = <float>w.lo
+    cdef float hi = <float>w.hi
+    for c in range(n):
+        f = nearbyintf(<float>acc[c] * m32) + zp
+        f = lo if f < lo else f
+        f = hi if f > hi else f
+        codes[c] = <uint8_t>(<int32_t>f & 0xFF)
+
+
+cdef void requantize_row_float64(const int32_t* acc, double m64, uint8_t* codes, Py_ssize_t n,
+                                 const RequantizeWork* w) noexcept nogil:
+    # The "float64" rule with one finite multiplier (no NaN can arise), branch-free.
+    cdef Py_ssize_t c
+    cdef double d
+    cdef double zp = <double>w.zero_point
+    cdef double lo = <double>w.lo
+    cdef double hi = <double>w.hi
+    for c in range(n):
+        d = nearbyint(<double>acc[c] * m64 + zp)
+        d = lo if d < lo else d
+        d = hi if d > hi else d
+        codes[c] = <uint8_t>(<int32_t>d & 0xFF)
+
+
 cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef const RequantizeWork* w = <const RequantizeWork*>work
     cdef Py_ssize_t r, c, i
@@ -329,6 +660,20 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef double m64, d
     for r in range(task * ROW_BLOCK, min((task + 1) * ROW_BLOCK, w.rows)):
         sa = w.row_scale[r]
+        # One multiplier for the whole row (the columns share a scale: QLinearConv's
+        # x_scale, a per-tensor b_scale): the rule's per-element arithmetic without the
+        # per-element division.
+        if w.uniform_cols and not w.float_output and w.rule != RULE_EXACT:
+            if w.rule == RULE_FLOAT32:
+                m32 = multiplier32(sa, w.col_scale[0], w.y_scale)
+                if isfinite(m32):
+                    requantize_row_float32(w.acc + r * w.cols, m32, w.codes + r * w.cols, w.cols, w)
+                    continue
+            else:
+                m64 = multiplier_in_format(sa, w.col_scale[0], w.y_scale, w.scale_format)
+                if isfinite(m64):
+                    requantize_row_float64(w.acc + r * w.cols, m64, w.codes + r * w.cols, w.cols, w)
+                    continue
         for c in range(w.cols):
             i = r * w.cols + c
             acc = w.acc[i]
@@ -364,6 +709,7 @@ def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const floa
     """Accumulators to output codes (uint8 storage of int8/uint8 codes) or, with
     config.float_output, to float32 values rounded to odd for the float8 encoder."""
     cdef RequantizeWork work
+    cdef Py_ssize_t i
     cdef uint8_t[:, ::1] codes
     cdef float[:, ::1] values
     if row_scale.shape[0] != acc.shape[0] or col_scale.shape[0] != acc.shape[1]:
@@ -382,6 +728,11 @@ def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const floa
     work.hi = config.hi
     work.codes = NULL
     work.values = NULL
+    work.uniform_cols = True
+    for i in range(1, col_scale.shape[0]):
+        if float_bits(col_scale[i]) != float_bits(col_scale[0]):
+            work.uniform_cols = False
+            break
     if config.float_output:
         values = out
         if values.shape[0] != acc.shape[0] or values.shape[1] != acc.shape[1]:

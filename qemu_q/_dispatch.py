@@ -26,6 +26,9 @@ class Path(Enum):
     PACK = "pack"
     UNPACK = "unpack"
     CAST = "cast"
+    INTEGER_GEMM = "integer_gemm"            # exact int16 GEMM, int32 wrap (integer datapath)
+    PAIR_SUMS = "pair_sums"                  # the VPMADDUBSW pair-saturating accumulator
+    REQUANTIZE = "requantize"                # int32 accumulators -> codes under a named rule
 
 
 # path -> (kernel family in qemu_q._kernels.KernelSet, or None for the level-independent
@@ -38,6 +41,9 @@ KERNEL_ENTRIES = {
     Path.PACK: (None, "pack"),
     Path.UNPACK: (None, "unpack"),
     Path.CAST: ("cast", "cast"),
+    Path.INTEGER_GEMM: ("integer", "gemm_s16"),
+    Path.PAIR_SUMS: ("integer", "pair_sums_u8s8"),
+    Path.REQUANTIZE: ("integer", "requantize"),
 }
 
 # False forces the kernels' general scalar paths (the tests compare both); read when a

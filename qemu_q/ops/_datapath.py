@@ -8,7 +8,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from .. import _integer
+from .. import _dispatch
+from .._dispatch import Path
 from .._dtypes import ELEMENT_TYPES, ElementType, array_element_type
 from .._opspec import OpSpec
 from .._validate import ArraySpec
@@ -17,14 +18,6 @@ from .._threads import resolve_threads
 
 REQUANTIZATION_RULES = ("exact", "float32", "float64")
 ACCUMULATORS = ("int32", "x86-u8s8-pairs")
-
-# Every product of two codes minus their zero points has |p| <= 255 * 255 < 2**16, so a sum
-# of K products stays below K * 2**16 in magnitude and every partial sum a float64 BLAS
-# forms, in any order and with or without FMA, is an integer below 2**53 (hence exact)
-# while K <= 2**37. Longer dot products are split into chunks of that length, each exact,
-# and summed in int64 (|K| * 2**16 < 2**63 for any K numpy can hold).
-EXACT_DOUBLE_DEPTH = 2**37
-
 
 def check_choice(value, name: str, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
@@ -64,33 +57,29 @@ def int_values(array: np.ndarray, etype: ElementType) -> np.ndarray:
     return etype.code_values(array.view(etype.storage) if etype.dtype != etype.storage else array)
 
 
-def exact_products_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.matmul of integer-valued float64 operands (|a|, |b| <= 255): the exact sums as
-    float64 (below 2**53 by EXACT_DOUBLE_DEPTH), or as int64 when K needs chunks."""
-    depth = a.shape[-1]
-    if depth <= EXACT_DOUBLE_DEPTH:
-        return np.matmul(a, b)
-    total = None
-    for start in range(0, depth, EXACT_DOUBLE_DEPTH):
-        part = np.matmul(a[..., start:start + EXACT_DOUBLE_DEPTH],
-                         b[..., start:start + EXACT_DOUBLE_DEPTH, :]).astype(np.int64)
-        total = part if total is None else total + part
-    assert total is not None  # depth > EXACT_DOUBLE_DEPTH: the loop ran
-    return total.astype(np.float64)
-
-
-def wrap_to_int32(sums: np.ndarray, bias: np.ndarray | None, bias_per_row: bool,
-                  n_threads) -> np.ndarray:
-    """(sums + bias) modulo 2**32 as int32, sums a 2-D array of exact integer values."""
-    out = np.empty(sums.shape, dtype=np.int32)
-    if sums.dtype != np.float64:  # int64 sums from chunks: numpy's int32 cast wraps
-        wrapped = sums.astype(np.int32)
-        if bias is not None:
-            wrapped += bias[:, None] if bias_per_row else bias[None, :]
-        return wrapped
-    _integer.wrap_sums(np.ascontiguousarray(sums), bias, bias_per_row, out,
-                       resolve_threads(n_threads, sums.size))
+def exact_gemm(a: np.ndarray, b: np.ndarray, a_index: np.ndarray, b_index: np.ndarray,
+               n_threads) -> np.ndarray:
+    """The exact int32 GEMM of the integer datapath: a int16 [A, M, K] and b int16
+    [B, K, N] values (8-bit codes minus their zero points, |v| <= 255), out[t] =
+    a[a_index[t]] @ b[b_index[t]] with exact products and int32 sums wrapping modulo 2**32
+    (pyx/_integer.pyx, gemm_s16), int32 [len(a_index), M, N]."""
+    a = np.ascontiguousarray(a, dtype=np.int16)
+    b = np.ascontiguousarray(b, dtype=np.int16)
+    items, (rows, depth), cols = len(a_index), a.shape[1:], b.shape[2]
+    out = np.empty((items, rows, cols), dtype=np.int32)
+    module = _dispatch.entry_module(Path.INTEGER_GEMM)
+    config = module.GemmConfig(items=items, rows=rows, depth=depth, cols=cols)
+    _dispatch.run(Path.INTEGER_GEMM, a, b, np.ascontiguousarray(a_index, dtype=np.intp),
+                  np.ascontiguousarray(b_index, dtype=np.intp), out, config,
+                  resolve_threads(n_threads, out.size * max(1, depth)))
     return out
+
+
+def item_index(operand_batch: tuple, batch: tuple) -> np.ndarray:
+    """For each item of the broadcast batch shape, the index of the operand's own item
+    (numpy matmul broadcasting: operand_batch broadcasts to batch)."""
+    count = int(np.prod(operand_batch, dtype=np.int64))
+    return np.broadcast_to(np.arange(count, dtype=np.intp).reshape(operand_batch), batch).reshape(-1)
 
 
 def wrap_int64(values: np.ndarray) -> np.ndarray:
@@ -101,8 +90,8 @@ def pair_sums(a_raw: np.ndarray, b_raw_t: np.ndarray, n_threads) -> np.ndarray:
     """The VPMADDUBSW model on raw codes: a_raw uint8 [batch, rows, K], b_raw_t int8
     [batch, cols, K]; int32 [batch, rows, cols]."""
     out = np.empty((a_raw.shape[0], a_raw.shape[1], b_raw_t.shape[1]), dtype=np.int32)
-    _integer.pair_sums_u8s8(np.ascontiguousarray(a_raw), np.ascontiguousarray(b_raw_t), out,
-                            resolve_threads(n_threads, out.size * max(1, a_raw.shape[2])))
+    _dispatch.run(Path.PAIR_SUMS, np.ascontiguousarray(a_raw), np.ascontiguousarray(b_raw_t), out,
+                  resolve_threads(n_threads, out.size * max(1, a_raw.shape[2])))
     return out
 
 
@@ -145,16 +134,17 @@ def requantize(acc: np.ndarray, row_scale: np.ndarray, col_scale: np.ndarray, y_
     threads = resolve_threads(n_threads, acc.size)
     row_scale = np.ascontiguousarray(row_scale, dtype=np.float32)
     col_scale = np.ascontiguousarray(col_scale, dtype=np.float32)
+    module = _dispatch.entry_module(Path.REQUANTIZE)
     if y_type.kind == "small_float":
-        config = _integer.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=True)
+        config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=True)
         values = np.empty(acc.shape, dtype=np.float32)
-        _integer.requantize(acc, row_scale, col_scale, np.float32(y_scale), values, config, threads)
+        _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), values, config, threads)
         return encode_float8(values, y_zero_point, opset)
     zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
-    config = _integer.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=False,
-                                       zero_point=zero_point, lo=y_type.lo, hi=y_type.hi)
+    config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=False,
+                                     zero_point=zero_point, lo=y_type.lo, hi=y_type.hi)
     codes = np.empty(acc.shape, dtype=np.uint8)
-    _integer.requantize(acc, row_scale, col_scale, np.float32(y_scale), codes, config, threads)
+    _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), codes, config, threads)
     return codes.view(y_type.dtype)
 
 

@@ -1,5 +1,5 @@
 """ConvInteger-10 and QLinearConv-10: the ONNX Conv geometry (1-D to 3-D, auto_pad, pads,
-strides, dilations, group), exact int32 accumulation by im2col and a float64 GEMM, the
+strides, dilations, group), exact int32 accumulation by im2col and the integer GEMM, the
 bias in the accumulator, and QLinearConv's requantization rules."""
 
 from __future__ import annotations
@@ -183,17 +183,22 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
         if bias is not None:
             acc = acc + bias.astype(np.int64)[None, :, None]
         return dp.wrap_int64(acc)
-    x_vals = dp.int_values(x, plan.x_type).astype(np.float64) - x_zp_value
-    padded = _pad(x_vals, plan, 0.0)  # a padded element is the zero point: 0 after subtraction
+    # 8-bit codes minus their zero points lie in [-255, 255]: exact in int16
+    x_vals = dp.int_values(x, plan.x_type).astype(np.int16) - np.int16(x_zp_value)
+    padded = _pad(x_vals, plan, 0)  # a padded element is the zero point: 0 after subtraction
     win = _windows(padded, plan)
     order = (0, 1) + kernel_axes + out_axes
-    columns = np.ascontiguousarray(np.transpose(win, order)).reshape(plan.batch, groups, c_g * taps, positions)
-    w_vals = dp.int_values(w, plan.w_type).astype(np.float64) - w_zp_values.reshape((-1,) + (1,) * (rank + 1))
+    columns = np.ascontiguousarray(np.transpose(win, order)).reshape(plan.batch * groups, c_g * taps, positions)
+    w_vals = dp.int_values(w, plan.w_type).astype(np.int16) - \
+        w_zp_values.astype(np.int16).reshape((-1,) + (1,) * (rank + 1))
     w_mat = w_vals.reshape(groups, m_g, c_g * taps)
-    grouped = dp.exact_products_sum(w_mat[None], columns)  # [N, G, Mg, L]
-    sums = grouped.reshape(plan.batch * plan.out_channels, positions)
-    row_bias = None if bias is None else np.ascontiguousarray(np.tile(bias.astype(np.int32), plan.batch))
-    return dp.wrap_to_int32(sums, row_bias, True, n_threads).reshape(plan.batch, plan.out_channels, positions)
+    # one GEMM item per (image, group): that group's filters times its columns
+    acc = dp.exact_gemm(w_mat, columns, np.tile(np.arange(groups, dtype=np.intp), plan.batch),
+                        np.arange(plan.batch * groups, dtype=np.intp), n_threads)
+    acc = acc.reshape(plan.batch, plan.out_channels, positions)
+    if bias is not None:
+        acc += bias.astype(np.int32)[None, :, None]  # int32 arrays add modulo 2**32
+    return acc
 
 
 def _conv_plan(op_type, opset, x, w, x_zp, w_zp, auto_pad, dilations, group, kernel_shape, pads,

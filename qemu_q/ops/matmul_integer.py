@@ -130,11 +130,13 @@ def _accumulate(plan: MatmulPlan, a, b, a_zp, b_zp, n_threads) -> np.ndarray:
         col_sums = b_full.astype(np.int64).sum(axis=1, keepdims=True)
         acc = raw - a_zp_full * col_sums - b_zp_full * row_sums + k * a_zp_full * b_zp_full
         return dp.wrap_int64(acc).reshape(plan.batch + (m, n))
-    a_vals = dp.int_values(a, plan.a_type).astype(np.float64) - a_zp_b
-    b_vals = dp.int_values(b, plan.b_type).astype(np.float64) - b_zp_b
-    sums = dp.exact_products_sum(a_vals, b_vals)
-    sums = np.broadcast_to(sums, plan.batch + (m, n)).reshape(-1, n)
-    return dp.wrap_to_int32(sums, None, False, n_threads).reshape(plan.batch + (m, n))
+    # 8-bit codes minus their zero points lie in [-255, 255]: exact in int16
+    a_vals = dp.int_values(a, plan.a_type).astype(np.int16) - a_zp_b.astype(np.int16)
+    b_vals = dp.int_values(b, plan.b_type).astype(np.int16) - b_zp_b.astype(np.int16)
+    acc = dp.exact_gemm(a_vals.reshape(-1, m, k), b_vals.reshape(-1, k, n),
+                        dp.item_index(a_vals.shape[:-2], plan.batch),
+                        dp.item_index(b_vals.shape[:-2], plan.batch), n_threads)
+    return acc.reshape(plan.batch + (m, n))
 
 
 def _finish(plan: MatmulPlan, result: np.ndarray, out, inputs) -> np.ndarray:
