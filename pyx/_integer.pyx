@@ -749,6 +749,331 @@ def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const floa
         run_tasks(requantize_task, &work, (work.rows + ROW_BLOCK - 1) // ROW_BLOCK, n_threads)
 
 
+# --- QLinearMatMul-21 with float8 operands -------------------------------------------------
+#
+# Each operand value (a float8 code decoded, or an integer code minus its zero point) is an
+# integer multiple of 2**-F with F the operand type's fraction bits (2**-F its smallest
+# subnormal; F = 0 for integer codes), and |value| * 2**F < 2**34 (float8e5m2fnuz:
+# 57344 * 2**17 < 2**33). A product of two such integers is below 2**67 in magnitude, so a
+# signed 128-bit sum of K of them is exact for K < 2**60: S = n * 2**-(Fa + Fb) exactly. The
+# rules then read S as docs/semantics.md states: "exact" rounds S * sa * sb / sy once,
+# "float32" starts from fl32(S), "float64" from fl64(S).
+
+cdef extern from *:
+    """
+    typedef __int128 qq_i128;
+
+    /* |n| * 2^e (n != 0) rounded to p <= 53 significant bits, to odd or to nearest even,
+       as a double (exact: the caller's exponents stay far from the double's limits). */
+    static inline double qq_round_i128(qq_i128 n, int e, int p, int to_odd) {
+        int neg = n < 0, len, drop;
+        qq_u128 m = neg ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
+        uint64_t q;
+        double v;
+        if (m == 0) return 0.0;
+        len = qq_bitlen128(m);
+        drop = len > p ? len - p : 0;
+        q = (uint64_t)(m >> drop);
+        if (drop) {
+            qq_u128 rest = m & ((((qq_u128)1) << drop) - 1);
+            qq_u128 half = ((qq_u128)1) << (drop - 1);
+            if (to_odd) q |= (uint64_t)(rest != 0);
+            else if (rest > half || (rest == half && (q & 1))) q += 1;  /* q <= 2^53: exact */
+        }
+        v = ldexp((double)q, e + drop);
+        return neg ? -v : v;
+    }
+
+    /* A 192-bit unsigned integer, little-endian 64-bit limbs. */
+    typedef struct { uint64_t w[3]; } qq_u192;
+
+    static inline int qq_bitlen192(const qq_u192 *x) {
+        if (x->w[2]) return 128 + qq_bitlen64(x->w[2]);
+        if (x->w[1]) return 64 + qq_bitlen64(x->w[1]);
+        return qq_bitlen64(x->w[0]);
+    }
+
+    static inline void qq_shl192(qq_u192 *x, int s) {
+        while (s >= 64) { x->w[2] = x->w[1]; x->w[1] = x->w[0]; x->w[0] = 0; s -= 64; }
+        if (s) {
+            x->w[2] = (x->w[2] << s) | (x->w[1] >> (64 - s));
+            x->w[1] = (x->w[1] << s) | (x->w[0] >> (64 - s));
+            x->w[0] <<= s;
+        }
+    }
+
+    /* x / d in place (0 < d < 2^32); returns whether a remainder was left. */
+    static inline int qq_div192(qq_u192 *x, uint64_t d) {
+        qq_u128 rem = 0, cur;
+        int i;
+        for (i = 2; i >= 0; i--) {
+            cur = (rem << 64) | x->w[i];
+            x->w[i] = (uint64_t)(cur / d);
+            rem = cur % d;
+        }
+        return rem != 0;
+    }
+
+    /* n * 2^e * sa * sb / sy exactly, rounded to odd with p <= 53 bits (finite scales,
+       sy != 0, n != 0 or not): |n| * ma * mb has at most 128 + 48 bits, and is shifted
+       left until the quotient by my (< 2^24) has at least p + 1 bits. */
+    static inline double qq_exact_value_wide(qq_i128 n, int e, float sa, float sb, float sy, int p) {
+        uint64_t ma, mb, my, k;
+        int ea, eb, ey, neg, s, len, drop, sticky;
+        qq_u128 m, lo, hi, mid;
+        qq_u192 x;
+        uint64_t q;
+        double v;
+        if (n == 0 || sa == 0.0f || sb == 0.0f) return 0.0;
+        neg = (n < 0) ^ (sa < 0.0f) ^ (sb < 0.0f) ^ (sy < 0.0f);
+        m = n < 0 ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
+        qq_decode(fabsf(sa), &ma, &ea);
+        qq_decode(fabsf(sb), &mb, &eb);
+        qq_decode(fabsf(sy), &my, &ey);
+        k = ma * mb;  /* < 2^48 */
+        lo = (qq_u128)(uint64_t)m * k;
+        hi = (qq_u128)(uint64_t)(m >> 64) * k;
+        mid = (lo >> 64) + (qq_u128)(uint64_t)hi;
+        x.w[0] = (uint64_t)lo;
+        x.w[1] = (uint64_t)mid;
+        x.w[2] = (uint64_t)(hi >> 64) + (uint64_t)(mid >> 64);
+        len = qq_bitlen192(&x);
+        s = p + 2 + qq_bitlen64(my) - len;
+        if (s < 0) s = 0;
+        qq_shl192(&x, s);  /* len + s <= max(176, p + 2 + 24) < 192 */
+        sticky = qq_div192(&x, my);
+        len = qq_bitlen192(&x);  /* >= p + 1 */
+        drop = len - p;
+        q = 0;
+        {
+            /* the top p bits of x, and whether anything below them is set */
+            qq_u192 t = x;
+            int i, bit;
+            for (i = 0; i < p; i++) {
+                bit = len - 1 - i;
+                q = (q << 1) | ((t.w[bit >> 6] >> (bit & 63)) & 1);
+            }
+            for (bit = 0; bit < drop; bit++)
+                if ((t.w[bit >> 6] >> (bit & 63)) & 1) { sticky = 1; break; }
+        }
+        q |= (uint64_t)sticky;
+        v = ldexp((double)q, drop - s + e + ea + eb - ey);
+        return neg ? -v : v;
+    }
+    """
+    ctypedef long long i128 "qq_i128"
+    double round_i128 "qq_round_i128" (i128 n, int e, int p, int to_odd) noexcept nogil
+    double exact_value_wide "qq_exact_value_wide" (i128 n, int e, float sa, float sb, float sy,
+                                                   int p) noexcept nogil
+
+
+cdef class FloatMatmulConfig:
+    """QLinearMatMul-21 with a float8 operand: the requantization (as RequantizeConfig)
+    and `shift`, the fraction bits Fa + Fb of the operands' fixed-point integers."""
+    cdef readonly int rule
+    cdef readonly int scale_format
+    cdef readonly bint float_output
+    cdef readonly int32_t zero_point
+    cdef readonly int32_t lo
+    cdef readonly int32_t hi
+    cdef readonly int shift
+
+    def __init__(self, *, str rule, str scale_format, bint float_output, int shift,
+                 int zero_point=0, int lo=0, int hi=0):
+        if rule not in RULES:
+            raise ValueError(f"FloatMatmulConfig: unknown rule {rule!r}")
+        if scale_format not in SCALE_FORMATS:
+            raise ValueError(f"FloatMatmulConfig: unknown scale format {scale_format!r}")
+        if not float_output and not (lo <= zero_point <= hi):
+            raise ValueError("FloatMatmulConfig: zero point outside [lo, hi]")
+        if not 0 <= shift <= 40:
+            raise ValueError(f"FloatMatmulConfig: shift={shift}; allowed 0..40")
+        self.rule = RULES[rule]
+        self.scale_format = SCALE_FORMATS[scale_format]
+        self.float_output = float_output
+        self.zero_point = zero_point
+        self.lo = lo
+        self.hi = hi
+        self.shift = shift
+
+
+cdef struct FloatMatmulWork:
+    RequantizeWork rq          # rule, output range and pointers; acc unused
+    const int64_t* a_fixed     # [a_items, rows, depth]
+    const int64_t* bt_fixed    # [b_items, cols, depth]
+    const double* a_values     # the same operands as IEEE values (read for non-finite rows)
+    const double* bt_values
+    const uint8_t* row_special  # [a_items, rows]: the row holds a NaN or an infinity
+    const uint8_t* col_special  # [b_items, cols]
+    const Py_ssize_t* a_item
+    const Py_ssize_t* b_item
+    const float* col_scales    # [items, cols]
+    Py_ssize_t depth
+    int shift
+
+
+cdef inline double bits_double_nan() noexcept nogil:
+    cdef uint64_t b = 0x7FF8000000000000
+    cdef double d
+    memcpy(&d, &b, 8)
+    return d
+
+
+cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint finite, i128 n,
+                                int shift, double s, float sa, float sb) noexcept nogil:
+    # One output from the exact sum n * 2**-shift (finite) or the IEEE sum s (a NaN or an
+    # infinity), under the rule.
+    cdef double v, m64, d
+    cdef float m32, v32
+    cdef bint scales_ok = isfinite(sa) and isfinite(sb) and isfinite(w.y_scale) and w.y_scale != 0.0
+    if w.rule == RULE_EXACT:
+        if finite and scales_ok:
+            v = exact_value_wide(n, -shift, sa, sb, w.y_scale, 53)
+            if w.float_output:
+                w.values[i] = float_to_odd(v)
+            elif fabs(v) >= 1073741824.0:
+                w.codes[i] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
+            else:
+                w.codes[i] = <uint8_t>(saturate_code(nearbyint(v) + w.zero_point, w) & 0xFF)
+            return
+        if finite:
+            s = round_i128(n, -shift, 53, 0)
+        v = (s * sa * sb) / w.y_scale
+        if w.float_output:
+            w.values[i] = <float>v
+        else:
+            w.codes[i] = <uint8_t>(saturate_code(v if isnan(v) else v + w.zero_point, w) & 0xFF)
+        return
+    if w.rule == RULE_FLOAT32:
+        if finite:
+            s = round_i128(n, -shift, 53, 1)  # to odd: the float32 conversion is then fl32(S)
+        m32 = multiplier32(sa, sb, w.y_scale)
+        v32 = <float>s * m32
+        if w.float_output:
+            w.values[i] = v32
+        else:
+            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else <double>nearbyintf(v32) + w.zero_point, w) & 0xFF)
+        return
+    if finite:
+        s = round_i128(n, -shift, 53, 0)  # fl64(S)
+    m64 = multiplier_in_format(sa, sb, w.y_scale, w.scale_format)
+    d = s * m64
+    if w.float_output:
+        w.values[i] = float_to_odd(d)
+    else:
+        w.codes[i] = <uint8_t>(saturate_code(nearbyint(d + <double>w.zero_point), w) & 0xFF)
+
+
+cdef void float_matmul_task(const void* work, Py_ssize_t task) noexcept nogil:
+    # One output row: task = item * rows + row.
+    cdef const FloatMatmulWork* w = <const FloatMatmulWork*>work
+    cdef Py_ssize_t rows = w.rq.rows
+    cdef Py_ssize_t cols = w.rq.cols
+    cdef Py_ssize_t item = task // rows
+    cdef Py_ssize_t r = task % rows
+    cdef Py_ssize_t ai = w.a_item[item]
+    cdef Py_ssize_t bi = w.b_item[item]
+    cdef const int64_t* arow = w.a_fixed + (ai * rows + r) * w.depth
+    cdef const double* avals = w.a_values + (ai * rows + r) * w.depth
+    cdef bint row_special = w.row_special[ai * rows + r]
+    cdef const int64_t* bcol
+    cdef const double* bvals
+    cdef Py_ssize_t c, k
+    cdef i128 n
+    cdef double s
+    cdef float sa = w.rq.row_scale[task]
+    for c in range(cols):
+        if row_special or w.col_special[bi * cols + c]:
+            bvals = w.bt_values + (bi * cols + c) * w.depth
+            s = 0.0
+            for k in range(w.depth):
+                s = s + avals[k] * bvals[k]
+            if isnan(s):
+                s = bits_double_nan()  # one NaN whatever the order: quiet, sign clear
+            requantize_sum(&w.rq, task * cols + c, False, 0, w.shift, s, sa,
+                           w.col_scales[item * cols + c])
+            continue
+        bcol = w.bt_fixed + (bi * cols + c) * w.depth
+        n = 0
+        for k in range(w.depth):
+            n = n + <i128>arow[k] * bcol[k]
+        requantize_sum(&w.rq, task * cols + c, True, n, w.shift, 0.0, sa,
+                       w.col_scales[item * cols + c])
+
+
+def float_matmul_requantize(const int64_t[:, :, ::1] a_fixed, const int64_t[:, :, ::1] bt_fixed,
+                            const double[:, :, ::1] a_values, const double[:, :, ::1] bt_values,
+                            const uint8_t[:, ::1] row_special, const uint8_t[:, ::1] col_special,
+                            const Py_ssize_t[::1] a_item, const Py_ssize_t[::1] b_item,
+                            const float[::1] row_scale, const float[:, ::1] col_scale,
+                            float y_scale, out, FloatMatmulConfig config, int n_threads):
+    """QLinearMatMul-21 with a float8 operand: for each item t, row r, column c the exact
+    sum S of a_fixed[a_item[t], r, :] * bt_fixed[b_item[t], c, :] * 2**-shift (or, where
+    the row or column holds a NaN or an infinity, the IEEE sum of the values), requantized
+    under the config's rule into out [items * rows, cols] (uint8 codes, or float32 values
+    rounded to odd for the float8 encoder)."""
+    cdef FloatMatmulWork work
+    cdef Py_ssize_t items = a_item.shape[0]
+    cdef Py_ssize_t rows = a_fixed.shape[1]
+    cdef Py_ssize_t depth = a_fixed.shape[2]
+    cdef Py_ssize_t cols = bt_fixed.shape[1]
+    cdef Py_ssize_t t
+    cdef uint8_t[:, ::1] codes
+    cdef float[:, ::1] values
+    if (bt_fixed.shape[2] != depth or a_values.shape[0] != a_fixed.shape[0]
+            or a_values.shape[1] != rows or a_values.shape[2] != depth
+            or bt_values.shape[0] != bt_fixed.shape[0] or bt_values.shape[1] != cols
+            or bt_values.shape[2] != depth or row_special.shape[0] != a_fixed.shape[0]
+            or row_special.shape[1] != rows or col_special.shape[0] != bt_fixed.shape[0]
+            or col_special.shape[1] != cols or b_item.shape[0] != items
+            or row_scale.shape[0] != items * rows or col_scale.shape[0] != items
+            or col_scale.shape[1] != cols):
+        raise ValueError("float_matmul_requantize: the arrays do not match")
+    for t in range(items):
+        if not (0 <= a_item[t] < a_fixed.shape[0] and 0 <= b_item[t] < bt_fixed.shape[0]):
+            raise ValueError("float_matmul_requantize: an item index is out of range")
+    work.rq.acc = NULL
+    work.rq.row_scale = &row_scale[0] if row_scale.shape[0] else NULL
+    work.rq.col_scale = NULL
+    work.rq.y_scale = y_scale
+    work.rq.rows = rows
+    work.rq.cols = cols
+    work.rq.rule = config.rule
+    work.rq.scale_format = config.scale_format
+    work.rq.float_output = config.float_output
+    work.rq.zero_point = config.zero_point
+    work.rq.lo = config.lo
+    work.rq.hi = config.hi
+    work.rq.codes = NULL
+    work.rq.values = NULL
+    work.rq.uniform_cols = False
+    if config.float_output:
+        values = out
+        if values.shape[0] != items * rows or values.shape[1] != cols:
+            raise ValueError("float_matmul_requantize: out has the wrong shape")
+        work.rq.values = &values[0, 0] if values.size else NULL
+    else:
+        codes = out
+        if codes.shape[0] != items * rows or codes.shape[1] != cols:
+            raise ValueError("float_matmul_requantize: out has the wrong shape")
+        work.rq.codes = &codes[0, 0] if codes.size else NULL
+    if items * rows == 0 or cols == 0:
+        return
+    work.a_fixed = &a_fixed[0, 0, 0] if a_fixed.size else NULL
+    work.bt_fixed = &bt_fixed[0, 0, 0] if bt_fixed.size else NULL
+    work.a_values = &a_values[0, 0, 0] if a_values.size else NULL
+    work.bt_values = &bt_values[0, 0, 0] if bt_values.size else NULL
+    work.row_special = &row_special[0, 0]
+    work.col_special = &col_special[0, 0]
+    work.a_item = &a_item[0]
+    work.b_item = &b_item[0]
+    work.col_scales = &col_scale[0, 0]
+    work.depth = depth
+    work.shift = config.shift
+    with nogil:
+        run_tasks(float_matmul_task, &work, items * rows, n_threads)
+
+
 def exact_to_odd(int64_t acc, float sa, float sb, float sy, int p):
     """The kernel's exact value acc*sa*sb/sy rounded to odd with p bits (tests use it)."""
     return exact_value(acc, sa, sb, sy, p)

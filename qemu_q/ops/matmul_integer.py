@@ -225,15 +225,12 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     if plan.a_type.kind == "small_float" or plan.b_type.kind == "small_float":
         a_vals = _float_values(a3, plan.a_type, a_zero_point, plan.a_zp_shape)
         b_vals = _float_values(b3, plan.b_type, b_zero_point, plan.b_zp_shape)
-        a_full = np.broadcast_to(a_vals, plan.batch + (m, plan.depth)).reshape(-1, m, plan.depth)
-        b_full = np.broadcast_to(b_vals, plan.batch + (plan.depth, n)).reshape(-1, plan.depth, n)
-        parts = []
-        for item in range(a_full.shape[0]):
-            sums, shift, special, ieee = dp.exact_float_sums(a_full[item], b_full[item])
-            parts.append(dp.requantize_exact_sums(
-                sums, shift, special, ieee, row_scale[item * m:(item + 1) * m], col_scale_full[item],
-                y_scale_value, y_zero_point, y_type, scale_type, rule, opset))
-        y = np.stack(parts) if parts else np.empty((0, m, n), dtype=y_type.dtype)
+        y = dp.float_matmul_requantize(
+            a_vals.reshape(-1, m, plan.depth), dp.fraction_bits(plan.a_type),
+            np.swapaxes(b_vals.reshape(-1, plan.depth, n), 1, 2), dp.fraction_bits(plan.b_type),
+            dp.item_index(a_vals.shape[:-2], plan.batch), dp.item_index(b_vals.shape[:-2], plan.batch),
+            row_scale, col_scale_full, y_scale_value, y_zero_point, y_type, scale_type, rule, opset,
+            n_threads).reshape(plan.batch + (m, n))
     else:
         acc = _accumulate(plan, a3, b3, a_zero_point, b_zero_point, n_threads).reshape(-1, n)
         if np.all(col_scale_full == col_scale_full[:1]) or items == 1:
