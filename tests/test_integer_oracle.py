@@ -284,3 +284,176 @@ def test_x86_pairs_accumulator():
     exact = matmul_oracle(a, b, a_zp, b_zp)
     assert got.tolist() != exact.tolist()  # the saturation shows
     assert qemu_q.matmul_integer(a, b, a_zp, b_zp).tolist() == exact.tolist()
+
+
+# ------------------------------------------------------------------ QLinearMatMul-21, float8 operands
+
+F8 = {"float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
+      "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz"}
+INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def operand_value(name, code, zp):
+    """An operand element's exact value (docs/semantics.md): a float8 code decoded (its zero
+    point is +-0), an integer code minus its zero point; "nan", "+inf", "-inf" otherwise."""
+    if name in F8:
+        return fo.decode(F8[name], int(code))
+    return Fraction(int(code) - int(zp))
+
+
+def special_sum(terms):
+    """The sum of a dot product in which a NaN or an infinity takes part: NaN (positive,
+    quiet) when a product is NaN (a NaN, inf * 0) or infinities of both signs meet,
+    otherwise the infinity."""
+    signs = set()
+    for x, y in terms:
+        if "nan" in (x, y):
+            return math.nan
+        if isinstance(x, str) or isinstance(y, str):
+            other = y if isinstance(x, str) else x
+            if not isinstance(other, str) and other == 0:
+                return math.nan
+            sx = (-1 if x == "-inf" else 1) if isinstance(x, str) else (1 if x > 0 else -1)
+            sy_ = (-1 if y == "-inf" else 1) if isinstance(y, str) else (1 if y > 0 else -1)
+            signs.add(sx * sy_)
+    if len(signs) == 2:
+        return math.nan
+    return math.inf if signs == {1} else -math.inf
+
+
+def float8_matmul_oracle(a, a_type, a_zp, b, b_type, b_zp, sa, sb, sy, y_type, y_zp, rule,
+                         scale_type=np.float32):
+    """QLinearMatMul-21 with a float8 operand, 2-D, scalar scales and zero points, by
+    docs/semantics.md: the exact sum S (or the special sum), then the rule. Returns codes as
+    Python ints (uint8 storage for float8 outputs)."""
+    a = a.view(np.uint8) if a_type in F8 else a
+    b = b.view(np.uint8) if b_type in F8 else b
+    m, k = a.shape
+    n = b.shape[1]
+    f32 = np.float32
+    out = np.empty((m, n), dtype=object)
+    fy = F8.get(y_type)
+    y_zero = (math.copysign(0.0, -1.0) if fo.sign_bit(fy, int(np.asarray(y_zp).view(np.uint8))) else 0.0) if fy else 0.0
+    lo, hi = INT_RANGES.get(y_type, (0, 0))
+    zp = 0 if fy else int(y_zp)
+    for r in range(m):
+        for c in range(n):
+            terms = [(operand_value(a_type, a[r, t], a_zp), operand_value(b_type, b[t, c], b_zp)) for t in range(k)]
+            finite = not any(isinstance(x, str) for pair in terms for x in pair)
+            s_exact = sum((x * y for x, y in terms), Fraction(0)) if finite else None
+            s_float = float(s_exact) if finite else special_sum(terms)  # float(Fraction) rounds once
+            if rule == "exact":
+                if finite and all(math.isfinite(float(v)) for v in (sa, sb, sy)) and float(sy) != 0:
+                    real = s_exact * Fraction(float(sa)) * Fraction(float(sb)) / Fraction(float(sy))
+                    if fy:
+                        out[r, c] = fo.encode(fy, real, True, opset=21) if real != 0 else fo.encode(fy, 0.0 + y_zero, True, opset=21)
+                    else:
+                        out[r, c] = min(max(rne(real) + zp, lo), hi)
+                    continue
+                v = s_float * float(sa) * float(sb) / float(sy) if float(sy) != 0 else (
+                    math.nan if s_float * float(sa) * float(sb) == 0 or math.isnan(s_float) else
+                    math.copysign(math.inf, s_float * float(sa) * float(sb) * math.copysign(1.0, float(sy))))
+            elif rule == "float32":
+                s32 = f32(fo.round_to_binary(s_exact, "float")) if finite else f32(s_float)
+                with np.errstate(all="ignore"):
+                    mult = f32(f32(f32(sa) * f32(sb)) / f32(sy))
+                    v = float(f32(s32 * mult))
+            else:
+                t = np.dtype(scale_type).type
+                with np.errstate(all="ignore"):
+                    mult = float(t(t(t(sa) * t(sb)) / t(sy)))
+                v = s_float * mult
+            if fy:
+                out[r, c] = fo.encode(fy, v + y_zero, True, opset=21)
+            elif math.isnan(v):
+                out[r, c] = lo
+            elif math.isinf(v):
+                out[r, c] = hi if v > 0 else lo
+            elif rule == "float64":
+                out[r, c] = min(max(rne(Fraction(v + zp)), lo), hi)
+            else:
+                out[r, c] = min(max(rne(Fraction(v)) + zp, lo), hi)
+    return out
+
+
+def operand_codes(name, shape, specials=False):
+    if name in F8:
+        fmt = F8[name]
+        pool = fo.finite_codes(fmt)
+        codes_ = RNG.choice(pool, size=shape).astype(np.uint8)
+        if specials:
+            special = [c for c in range(256) if not isinstance(fo.decode(fmt, c), Fraction)]
+            mask = RNG.random(shape) < 0.15
+            codes_[mask] = RNG.choice(special, size=int(mask.sum()))
+        return codes_.view(getattr(ml_dtypes, F8[name]))
+    lo, hi = INT_RANGES[name]
+    return RNG.integers(lo, hi, size=shape, endpoint=True).astype(name)
+
+
+def zero_point_of(name):
+    if name in F8:
+        return np.zeros((), getattr(ml_dtypes, F8[name]))
+    lo, hi = INT_RANGES[name]
+    return np.array(RNG.integers(lo, hi, endpoint=True), dtype=name)
+
+
+FLOAT8_COMBOS = [("float8e4m3fn", "float8e4m3fn", "uint8"), ("float8e5m2", "float8e4m3fnuz", "float8e4m3fn"),
+                 ("float8e5m2fnuz", "float8e5m2", "int8"), ("uint8", "float8e5m2fnuz", "float8e5m2"),
+                 ("float8e4m3fnuz", "int8", "float8e4m3fnuz"), ("int8", "float8e4m3fn", "float8e5m2fnuz"),
+                 ("float8e5m2", "float8e5m2", "float8e5m2")]
+
+
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+@pytest.mark.parametrize("types", FLOAT8_COMBOS, ids="x".join)
+@pytest.mark.parametrize("specials", [False, True])
+def test_qlinear_matmul_float8_operands(types, rule, specials):
+    a_type, b_type, y_type = types
+    for trial in range(4):
+        m, k, n = (int(v) for v in RNG.integers(1, 7, size=3))
+        a = operand_codes(a_type, (m, k), specials)
+        b = operand_codes(b_type, (k, n), specials)
+        a_zp, b_zp, y_zp = zero_point_of(a_type), zero_point_of(b_type), zero_point_of(y_type)
+        sa, sb, sy = (np.float32(v) for v in RNG.choice([0.5, 0.1, 3.0, 0.0625, 1.7, 0.013], size=3))
+        got = qemu_q.qlinear_matmul(a, sa, a_zp, b, sb, b_zp, sy, y_zp, requantization=rule, opset=21)
+        want = float8_matmul_oracle(a, a_type, a_zp, b, b_type, b_zp, sa, sb, sy, y_type, y_zp, rule)
+        stored = got.view(np.uint8) if y_type in F8 else got
+        assert stored.tolist() == want.tolist(), (trial, a.view(np.uint8).tolist(), b.view(np.uint8).tolist())
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_qlinear_matmul_float8_sum_beyond_53_bits(n_threads):
+    # e5m2: 57344**2 = 49 * 2**26 and 2**-16 * 2**-16 = 2**-32 in one sum: S needs 58 bits.
+    # With sa * sb / sy = 2**-27 the big term alone is the tie 24.5: "exact" sees S itself
+    # (24.5 + 2**-59, rounds to 25); "float32" and "float64" start from fl32(S) / fl64(S),
+    # which drop the tiny term, and round the tie to even (24).
+    e5m2 = ml_dtypes.float8_e5m2
+    a = np.array([[57344.0, 2.0**-16]], dtype=e5m2)
+    b = np.array([[57344.0], [2.0**-16]], dtype=e5m2)
+    zero = np.zeros((), e5m2)
+    args = (a, np.float32(2.0**-27), zero, b, np.float32(1.0), zero, np.float32(1.0), np.uint8(0))
+    want = {"exact": 25, "float32": 24, "float64": 24}
+    for rule in want:
+        y = qemu_q.qlinear_matmul(*args, requantization=rule, opset=21, n_threads=n_threads)
+        assert y.tolist() == [[want[rule]]], rule
+
+
+def test_qlinear_matmul_float8_wide_product():
+    # K = 2**17 products of the largest e5m2fnuz value: |S| * 2**34 needs 83 bits, times two
+    # 24-bit scale significands more than 128 bits: the exact rule's 192-bit path.
+    k = 1 << 17
+    t = ml_dtypes.float8_e5m2fnuz
+    a = np.full((1, k), 57344.0, dtype=t)
+    b = np.full((k, 2), 57344.0, dtype=t)
+    b[::3, 1] = -57344.0
+    zero = np.zeros((), t)
+    sa, sb, sy = np.float32(0.1), np.float32(0.3), np.float32(7.0)
+    s0 = Fraction(57344) ** 2 * k
+    negatives = len(range(0, k, 3))
+    s1 = Fraction(57344) ** 2 * (k - 2 * negatives)
+    target = Fraction(40)  # scale S0 to about 40: sa' = 40 / (S0 * sb / sy), a float32
+    sa = np.float32(float(target / (s0 * Fraction(float(sb)) / Fraction(float(sy)))))
+    y = qemu_q.qlinear_matmul(a, sa, zero, b, sb, zero, sy, np.int8(3), opset=21)
+    want = [min(max(rne(s * Fraction(float(sa)) * Fraction(float(sb)) / Fraction(float(sy))) + 3, -128), 127)
+            for s in (s0, s1)]
+    assert -128 < want[0] < 127 and -128 < want[1] < 127
+    assert y.tolist() == [want]
