@@ -263,21 +263,25 @@ def test_qlinear_matmul_float8():
         assert int(y.view(np.uint8)[r, c]) == fo.encode(fmt, v, True, opset=21), (r, c)
 
 
-def test_x86_pairs_accumulator():
+@pytest.mark.parametrize("k, a_zp, b_zp", [(5, 10, -2), (301, 200, -100), (600, 255, 127)])
+def test_x86_pairs_accumulator(k, a_zp, b_zp):
     # docs/semantics.md: raw-code pairs (k, k+1) saturated to int16, then exact zero points.
-    a = np.full((2, 5), 255, np.uint8)
-    b = np.full((5, 3), 127, np.int8)
+    # K * a_zp * b_zp beyond 8 bits: the correction is computed in wide integers.
+    a = np.full((2, k), 255, np.uint8)
+    a[1, ::3] = 17
+    b = np.full((k, 3), 127, np.int8)
     b[:, 1] = -128
-    a_zp, b_zp = np.uint8(10), np.int8(-2)
+    b[::4, 2] = -3
+    a_zp, b_zp = np.uint8(a_zp), np.int8(b_zp)
 
     def pairs_oracle(r, c):
         total = 0
-        for k in range(0, 5, 2):
-            p = sum(int(a[r, t]) * int(b[t, c]) for t in range(k, min(k + 2, 5)))
+        for t0 in range(0, k, 2):
+            p = sum(int(a[r, t]) * int(b[t, c]) for t in range(t0, min(t0 + 2, k)))
             total += max(-32768, min(32767, p))
-        col = sum(int(b[t, c]) for t in range(5))
-        row = sum(int(a[r, t]) for t in range(5))
-        return wrap32(total - int(a_zp) * col - int(b_zp) * row + 5 * int(a_zp) * int(b_zp))
+        col = sum(int(b[t, c]) for t in range(k))
+        row = sum(int(a[r, t]) for t in range(k))
+        return wrap32(total - int(a_zp) * col - int(b_zp) * row + k * int(a_zp) * int(b_zp))
 
     got = qemu_q.matmul_integer(a, b, a_zp, b_zp, accumulator="x86-u8s8-pairs")
     assert got.tolist() == [[pairs_oracle(r, c) for c in range(3)] for r in range(2)]

@@ -111,7 +111,9 @@ def _operands(plan: MatmulPlan, a, b):
 def _zp_array(zp, shape, etype):
     if zp is None:
         return np.zeros((), dtype=np.int64)
-    values = dp.int_values(np.asarray(zp), etype) if etype.kind == "integer" else np.asarray(zp, np.float64)
+    # int64: the zero point enters sums and products with Python ints (uint8 would overflow)
+    values = dp.int_values(np.asarray(zp), etype).astype(np.int64) if etype.kind == "integer" \
+        else np.asarray(zp, np.float64)
     return values.reshape(shape)
 
 
