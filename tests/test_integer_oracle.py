@@ -290,6 +290,21 @@ def test_x86_pairs_accumulator(k, a_zp, b_zp):
     assert qemu_q.matmul_integer(a, b, a_zp, b_zp).tolist() == exact.tolist()
 
 
+def test_x86_pairs_accumulator_conv_wide_zero_point_correction():
+    # QLinearConv u8 x s8 with the pairs profile and an even C: small raw codes never
+    # saturate a pair, so the result is the exact accumulation; K * x_zp * w_zp (36 * 200 *
+    # -100) needs more than 8 bits.
+    x = RNG.integers(0, 40, size=(1, 4, 4, 4)).astype(np.uint8)
+    w = RNG.integers(-40, 40, size=(3, 4, 3, 3)).astype(np.int8)
+    x_zp, w_zp = np.uint8(200), np.int8(-100)
+    sx, sw, sy = np.float32(0.5), np.float32(0.25), np.float32(1024.0)
+    y = qemu_q.qlinear_conv(x, sx, x_zp, w, sw, w_zp, sy, np.uint8(7), pads=[1, 1, 1, 1],
+                            accumulator="x86-u8s8-pairs")
+    acc = conv_oracle(x, w, x_zp, w_zp, 1, (1, 1), (1, 1), (1, 1, 1, 1), "NOTSET")
+    want = np.vectorize(lambda v: requantize(v, sx, sw, sy, 7, 0, 255, "exact"), otypes=[object])(acc)
+    assert y.tolist() == want.tolist()
+
+
 # ------------------------------------------------------------------ QLinearMatMul-21, float8 operands
 
 F8 = {"float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",

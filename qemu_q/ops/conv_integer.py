@@ -160,7 +160,8 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
     positions = int(np.prod(plan.out_spatial))
     x_zp_value = 0 if x_zp is None else int(dp.int_values(np.asarray(x_zp).reshape(-1), plan.x_type)[0])
     w_zp_values = (np.zeros(plan.out_channels, np.int64) if w_zp is None else
-                   np.broadcast_to(dp.int_values(np.asarray(w_zp).reshape(-1), plan.w_type), (plan.out_channels,)))
+                   np.broadcast_to(dp.int_values(np.asarray(w_zp).reshape(-1), plan.w_type).astype(np.int64),
+                                   (plan.out_channels,)))
     out_axes = tuple(range(2, 2 + rank))
     kernel_axes = tuple(range(2 + rank, 2 + 2 * rank))
     if plan.pairs:
