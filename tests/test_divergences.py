@@ -257,6 +257,7 @@ def doc_sections():
 
 def test_every_entry_has_a_test_and_every_test_an_entry():
     importlib.import_module("test_cast_differential")  # registers the Cast entries
+    importlib.import_module("test_integer_differential")  # and the integer datapath's
     sections = doc_sections()
     divergences = {h for h in sections if not h.startswith("Probed")}
     assert divergences == set(ENTRIES), (

@@ -4,11 +4,14 @@
 
 import pathlib
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
+import float_oracle as fo
 import qemu_q
+from support import divergence_entry
 
 onnx = pytest.importorskip("onnx", reason="the peers need the onnx extra")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is a test dependency")
@@ -98,6 +101,14 @@ def test_qlinear_conv_u8u8_rules_match_each_peer():
     np.testing.assert_array_equal(mine32, runtime("QLinearConv", inputs, attrs, 10, out))
 
 
+def raises(fn, *args):
+    """The exception a peer raises, or None (then its result is returned as the second item)."""
+    try:
+        return None, fn(*args)
+    except Exception as error:  # noqa: BLE001 - any failure of the peer counts as "raises"
+        return error, None
+
+
 def test_qlinear_matmul_u8s8_pairs_model_onnxruntime():
     flags = cpu_flags()
     if "avx2" not in flags or flags & {"avx_vnni", "avx512_vnni", "avx512vnni"}:
@@ -112,3 +123,105 @@ def test_qlinear_matmul_u8s8_pairs_model_onnxruntime():
     np.testing.assert_array_equal(pairs, theirs)
     exact_acc = qemu_q.qlinear_matmul(*inputs, requantization="float32")
     assert not np.array_equal(exact_acc, theirs)  # the saturation is visible on these inputs
+
+
+# ------------------------------------------------------------------ divergences (docs/divergences.md)
+
+def exact_matmul(a, b, a_zp_rows, b_zp):
+    """sum_k (a[r, k] - a_zp[r]) * (b[k, c] - b_zp), Python ints: the zero point per row of a."""
+    return [[sum((int(a[r, t]) - int(a_zp_rows[r])) * (int(b[t, c]) - int(b_zp)) for t in range(a.shape[1]))
+             for c in range(b.shape[1])] for r in range(a.shape[0])]
+
+
+@divergence_entry("MatMulInteger: per-row a_zero_point [M] (onnx.reference subtracts it along K)")
+def test_matmul_integer_per_row_zero_point_axis():
+    a = np.array([[10, 20, 30], [40, 50, 60], [70, 80, 90]], np.uint8)
+    b = np.array([[1, 2], [3, 4], [5, 6]], np.uint8)
+    a_zp = np.array([1, 2, 3], np.uint8)
+    inputs = [a, b, a_zp, np.uint8(0)]
+    want = exact_matmul(a, b, a_zp, 0)
+    assert want == [[211, 268], [472, 616], [733, 964]]
+    assert qemu_q.matmul_integer(*inputs).tolist() == want
+    # onnx.reference broadcasts the [M] zero point against a's last axis (K): a[r, k] - zp[k]
+    assert reference("MatMulInteger", inputs, {}, 10, onnx.TensorProto.INT32).tolist() == \
+        [[198, 252], [468, 612], [738, 972]]
+    error, _ = raises(runtime, "MatMulInteger", inputs, {}, 10, onnx.TensorProto.INT32)
+    assert error is not None and "zero point must be a scalar" in str(error)
+
+
+@divergence_entry("QLinearMatMul: per-row a_scale / a_zero_point [M] (onnx.reference raises)")
+@pytest.mark.parametrize("opset", [10, 21])
+def test_qlinear_matmul_per_row_scales(opset):
+    a = np.array([[10, 20, 30], [40, 50, 60], [70, 80, 90]], np.uint8)
+    b = np.array([[1, 2], [3, 4], [5, 6]], np.uint8)
+    a_zp = np.array([1, 2, 3], np.uint8)
+    a_scale = np.array([0.5, 0.25, 0.125], np.float32)
+    inputs = [a, a_scale, a_zp, b, np.float32(0.5), np.uint8(0), np.float32(4.0), np.uint8(10)]
+    acc = exact_matmul(a, b, a_zp, 0)
+    want = [[min(max(fo.round_half_even(Fraction(acc[r][c]) * Fraction(float(a_scale[r])) * Fraction(1, 2) / 4) + 10,
+                     0), 255) for c in range(2)] for r in range(3)]
+    assert want == [[23, 27], [25, 29], [21, 25]]
+    for rule in ("exact", "float32", "float64"):
+        assert qemu_q.qlinear_matmul(*inputs, requantization=rule, opset=opset).tolist() == want
+    error, _ = raises(reference, "QLinearMatMul", inputs, {}, opset, onnx.TensorProto.UINT8)
+    assert isinstance(error, ValueError) and "could not be broadcast" in str(error)
+    error, _ = raises(runtime, "QLinearMatMul", inputs, {}, opset, onnx.TensorProto.UINT8)
+    assert error is not None and "zero point must be a scalar" in str(error)
+
+
+@divergence_entry("MatMulInteger / QLinearMatMul u8 x s8: onnxruntime's int16 pair saturation (AVX2 without VNNI)")
+def test_u8s8_pair_saturation():
+    a = np.full((1, 4), 255, np.uint8)
+    b = np.full((4, 1), 127, np.int8)
+    inputs = [a, b, np.uint8(0), np.int8(0)]
+    exact = 4 * 255 * 127
+    assert exact == 129540
+    pairs = 2 * 32767  # each pair 2 * 255 * 127 = 64770 saturates to 32767
+    assert qemu_q.matmul_integer(*inputs).tolist() == [[exact]]
+    assert qemu_q.matmul_integer(*inputs, accumulator="x86-u8s8-pairs").tolist() == [[pairs]]
+    assert reference("MatMulInteger", inputs, {}, 10, onnx.TensorProto.INT32).tolist() == [[exact]]
+    ql = [a, np.float32(1.0), np.uint8(0), b, np.float32(1.0), np.int8(0), np.float32(1024.0), np.uint8(0)]
+    # requantized: 129540 / 1024 = 126.5039 -> 127; 65534 / 1024 = 63.998 -> 64
+    assert qemu_q.qlinear_matmul(*ql).tolist() == [[127]]
+    assert qemu_q.qlinear_matmul(*ql, accumulator="x86-u8s8-pairs").tolist() == [[64]]
+    assert reference("QLinearMatMul", ql, {}, 21, onnx.TensorProto.UINT8).tolist() == [[127]]
+    flags = cpu_flags()
+    theirs = runtime("MatMulInteger", inputs, {}, 10, onnx.TensorProto.INT32).tolist()
+    theirs_ql = runtime("QLinearMatMul", ql, {}, 21, onnx.TensorProto.UINT8).tolist()
+    if flags & {"avx_vnni", "avx512_vnni", "avx512vnni"}:
+        # VPDPBUSD accumulates u8 x s8 products in int32 without the int16 step: exact
+        assert (theirs, theirs_ql) == ([[exact]], [[127]])
+    elif "avx2" in flags:
+        assert (theirs, theirs_ql) == ([[pairs]], [[64]])
+    else:
+        pytest.skip(f"onnxruntime's u8 x s8 path on this CPU (no AVX2) is not characterized; flags "
+                    f"{sorted(flags)[:8]}...")
+
+
+@divergence_entry("QLinearMatMul / QLinearConv requantization: float32 and float64 roundings")
+@pytest.mark.parametrize("op", ["QLinearMatMul", "QLinearConv"])
+def test_requantization_float32_float64_ties(op):
+    # 1x1 products acc = a, scales sa, 1, 1. Case 1: acc * sa = 2.5 exactly, y_zero_point 1:
+    # the spec rounds first (RNE(2.5) + 1 = 3), onnx.reference adds the zero point first
+    # (RNE(3.5) = 4). Case 2: sa = fl32(0.1) = 13421773 * 2**-27, acc = 25: the exact value
+    # 25 * sa = 2.5 + 5 * 2**-27 lies above the tie (3, as float64 sees it too); onnxruntime's
+    # fl32(25 * sa) is 2.5 (float32 spacing 2**-22 there), a tie that rounds to even (2).
+    cases = [(5, np.float32(0.5), 1, 3, 4, 3), (25, np.float32(0.1), 0, 3, 3, 2), (25, np.float32(0.1), 1, 4, 4, 3)]
+    for acc, sa, zp, want_exact, want_reference, want_runtime in cases:
+        exact = Fraction(acc) * Fraction(float(sa))
+        assert fo.round_half_even(exact) + zp == want_exact
+        if op == "QLinearMatMul":
+            inputs = [np.array([[acc]], np.uint8), sa, np.uint8(0), np.array([[1]], np.uint8), np.float32(1.0),
+                      np.uint8(0), np.float32(1.0), np.uint8(zp)]
+            ours = {rule: qemu_q.qlinear_matmul(*inputs, requantization=rule) for rule in ("exact", "float32", "float64")}
+            opset = 21
+        else:
+            inputs = [np.array([[[[acc]]]], np.uint8), sa, np.uint8(0), np.array([[[[1]]]], np.uint8),
+                      np.float32(1.0), np.uint8(0), np.float32(1.0), np.uint8(zp)]
+            ours = {rule: qemu_q.qlinear_conv(*inputs, requantization=rule) for rule in ("exact", "float32", "float64")}
+            opset = 10
+        assert int(ours["exact"].ravel()[0]) == want_exact
+        assert int(ours["float64"].ravel()[0]) == want_reference
+        assert int(ours["float32"].ravel()[0]) == want_runtime
+        assert int(reference(op, inputs, {}, opset, onnx.TensorProto.UINT8).ravel()[0]) == want_reference
+        assert int(runtime(op, inputs, {}, opset, onnx.TensorProto.UINT8).ravel()[0]) == want_runtime
