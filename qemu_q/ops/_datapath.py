@@ -73,6 +73,13 @@ def exact_gemm(a: np.ndarray, b: np.ndarray, a_index: np.ndarray, b_index: np.nd
     return out
 
 
+def flatten_leading(array: np.ndarray, *tail: int) -> np.ndarray:
+    """array [..., *tail] as [count, *tail] (reshape(-1, ...) cannot infer count when a
+    tail dimension is 0)."""
+    count = int(np.prod(array.shape[:array.ndim - len(tail)], dtype=np.int64))
+    return array.reshape((count,) + tuple(tail))
+
+
 def item_index(operand_batch: tuple, batch: tuple) -> np.ndarray:
     """For each item of the broadcast batch shape, the index of the operand's own item
     (numpy matmul broadcasting: operand_batch broadcasts to batch)."""

@@ -14,7 +14,7 @@ from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
 from .._registry import register
 from .._rules import integer_datapath_output_type, label
-from .._threads import in_default_fp_environment
+from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array
 from .._validate import ArraySpec, cached_plan, signature
 from . import _datapath as dp
@@ -173,12 +173,12 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
         cols = np.ascontiguousarray(np.moveaxis(win, 2, -1)).reshape(plan.batch * groups, positions, taps * c_g)
         w_raw = w.view(np.int8).reshape((groups, m_g, c_g) + plan.kernel)
         w_cols = np.ascontiguousarray(np.moveaxis(w_raw, 2, -1)).reshape(groups, m_g, taps * c_g)
-        w_cols = np.broadcast_to(w_cols, (plan.batch, groups, m_g, taps * c_g)).reshape(-1, m_g, taps * c_g)
+        w_cols = dp.flatten_leading(np.broadcast_to(w_cols, (plan.batch, groups, m_g, taps * c_g)), m_g, taps * c_g)
         raw = dp.pair_sums(cols, w_cols, n_threads).astype(np.int64)  # [N*G, L, Mg]
         depth = taps * c_g
         window_sums = cols.astype(np.int64).sum(axis=2)[:, :, None]                # [N*G, L, 1]
         weight_sums = w_cols.astype(np.int64).sum(axis=2)[:, None, :]              # [N*G, 1, Mg]
-        w_zp_g = np.broadcast_to(w_zp_values.reshape(groups, m_g), (plan.batch, groups, m_g)).reshape(-1, 1, m_g)
+        w_zp_g = dp.flatten_leading(np.broadcast_to(w_zp_values.reshape(groups, m_g), (plan.batch, groups, m_g)), m_g)[:, None, :]
         acc = raw - x_zp_value * weight_sums - w_zp_g * window_sums + depth * x_zp_value * w_zp_g
         acc = np.swapaxes(acc, 1, 2).reshape(plan.batch, plan.out_channels, positions)
         if bias is not None:
@@ -233,6 +233,7 @@ def conv_integer(x: Array, w: Array, x_zero_point: Array | None = None,
     """ONNX ConvInteger-10: int32 convolution of (x - x_zero_point) and (w - w_zero_point),
     exact products, sums wrapped modulo 2**32; padding carries the zero point. The
     "x86-u8s8-pairs" accumulator changes nothing here (docs/semantics.md)."""
+    resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
     x = _coerce.as_array(x, "x")
@@ -255,6 +256,7 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     """ONNX QLinearConv-10: the ConvInteger accumulator plus the int32 bias B, requantized by
     `requantization` ("exact", the default; "float32": onnxruntime; "float64":
     onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md)."""
+    resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(
         x=x, x_scale=x_scale, x_zero_point=x_zero_point, w=w, w_scale=w_scale,
@@ -283,7 +285,7 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     w_scales = np.broadcast_to(dp.scale_values(w_scale, where, "w_scale").reshape(-1), (plan.out_channels,))
     row_scale = np.tile(w_scales, plan.batch)
     col_scale = np.full(positions, np.float32(dp.scale_values(x_scale, where, "x_scale").reshape(-1)[0]), np.float32)
-    y = dp.requantize(acc.reshape(-1, positions), row_scale, col_scale,
+    y = dp.requantize(dp.flatten_leading(acc, positions), row_scale, col_scale,
                       np.float32(y_scale.reshape(-1)[0]), y_zero_point, y_type, dp.ELEMENT_TYPES["float"],
                       rule, opset, n_threads)
     return _finish(plan, y, y_type, out, named + [("B", B)])
