@@ -476,3 +476,36 @@ def test_qlinear_matmul_float8_wide_product():
             for s in (s0, s1)]
     assert -128 < want[0] < 127 and -128 < want[1] < 127
     assert y.tolist() == [want]
+
+
+# ------------------------------------------------------------------ the GEMM kernel at every level
+
+@pytest.mark.parametrize("level", qemu_q._kernels.available_levels())
+@pytest.mark.parametrize("dot_product", [True, False])
+def test_gemm_kernel_panel_boundaries(level, dot_product):
+    # pyx/_integer.pyx gemm_s16 against Python ints, on sizes that straddle the row panels
+    # (MR = 4, 6, 12), the column panels (NR = 8, 16, 32), a task's 256 columns and an odd K;
+    # every level, VPDPWSSD and VPMADDWD + VPADDD, 1 and 3 threads; extreme values (255 * 255
+    # products) with a K that wraps int32.
+    module = qemu_q._kernels.load(level).integer
+    rng = np.random.default_rng(5)
+    for items, m, k, n in [(1, 1, 1, 1), (2, 5, 3, 7), (1, 13, 9, 33), (3, 25, 17, 65), (1, 7, 2, 257),
+                           (1, 12, 1, 32), (2, 49, 6, 300)]:
+        a = rng.integers(-255, 256, (items, m, k)).astype(np.int16)
+        b = rng.integers(-255, 256, (1, k, n)).astype(np.int16)
+        out = np.empty((items, m, n), np.int32)
+        config = module.GemmConfig(items=items, rows=m, depth=k, cols=n, dot_product=dot_product)
+        for threads in (1, 3):
+            module.gemm_s16(a, b, np.arange(items, dtype=np.intp), np.zeros(items, dtype=np.intp), out, config, threads)
+            want = [[[wrap32(sum(int(a[t, r, j]) * int(b[0, j, c]) for j in range(k))) for c in range(n)]
+                     for r in range(m)] for t in range(items)]
+            assert out.tolist() == want, (level, items, m, k, n, threads)
+    k = 33_001  # 33001 * 255**2 > 2**31: the sums wrap
+    a = np.full((1, 3, k), -255, np.int16)
+    b = np.full((1, k, 5), 255, np.int16)
+    b[0, ::2, 1] = -255
+    out = np.empty((1, 3, 5), np.int32)
+    module.gemm_s16(a, b, np.zeros(1, np.intp), np.zeros(1, np.intp), out,
+                    module.GemmConfig(items=1, rows=3, depth=k, cols=5, dot_product=dot_product), 2)
+    col = [wrap32(-255 * 255 * k), wrap32(-255 * sum(int(v) for v in b[0, :, 1]))] + [wrap32(-255 * 255 * k)] * 3
+    assert out.tolist() == [[col] * 3]
