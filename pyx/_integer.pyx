@@ -310,7 +310,10 @@ cdef class GemmConfig:
 cdef struct GemmWork:
     micro_fn micro
     const int16_t* a         # [a_items, rows, depth]
-    const int16_t* b         # [b_items, depth, cols]
+    const int16_t* b          # b's values, read through the offsets below
+    const Py_ssize_t* b_base  # [b_items]: where item i's b starts
+    const Py_ssize_t* k_off   # [depth]: b[i][k][n] = b[b_base[i] + k_off[k] + n_off[n]]
+    const Py_ssize_t* n_off   # [cols]
     const Py_ssize_t* a_item  # [items]: the a operand of each output item
     const Py_ssize_t* b_item
     int32_t* out              # [items, rows, cols]
@@ -338,7 +341,9 @@ cdef inline int32_t pair_word(int16_t lo, int16_t hi) noexcept nogil:
 cdef void pack_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef const GemmWork* w = <const GemmWork*>work
     cdef Py_ssize_t a_tasks = w.a_items * w.row_panels
-    cdef Py_ssize_t item, panel, p, i, row, col, k
+    cdef Py_ssize_t item, panel, p, i, row, col, k, first
+    cdef bint contiguous
+    cdef const int16_t* base
     cdef const int16_t* src
     cdef const int16_t* next_row
     cdef int32_t* dst
@@ -363,19 +368,32 @@ cdef void pack_task(const void* work, Py_ssize_t task) noexcept nogil:
     item = task // w.col_panels
     panel = task % w.col_panels
     dst = w.packed_b + (item * w.col_panels + panel) * w.pairs * QQ_NR
+    base = w.b + w.b_base[item]
+    first = panel * QQ_NR
+    # A panel whose columns are adjacent in memory (every matmul; a convolution's output
+    # positions within a row at stride 1) packs as an interleave of two runs, which
+    # vectorizes; otherwise (a row's end, strides) element by element.
+    contiguous = first + QQ_NR <= w.cols
+    if contiguous:
+        for i in range(1, QQ_NR):
+            if w.n_off[first + i] != w.n_off[first] + i:
+                contiguous = False
+                break
     for p in range(w.pairs):
         k = 2 * p
-        src = w.b + (item * w.depth + k) * w.cols + panel * QQ_NR
-        if k + 1 < w.depth and (panel + 1) * QQ_NR <= w.cols:
-            next_row = src + w.cols
+        src = base + w.k_off[k]
+        next_row = base + w.k_off[k + 1] if k + 1 < w.depth else NULL
+        if contiguous and next_row != NULL:
+            src = src + w.n_off[first]
+            next_row = next_row + w.n_off[first]
             for i in range(QQ_NR):
                 dst[p * QQ_NR + i] = pair_word(src[i], next_row[i])
             continue
         for i in range(QQ_NR):
-            col = panel * QQ_NR + i
+            col = first + i
             if col < w.cols:
-                hi = src[i + w.cols] if k + 1 < w.depth else 0
-                dst[p * QQ_NR + i] = pair_word(src[i], hi)
+                hi = next_row[w.n_off[col]] if next_row != NULL else 0
+                dst[p * QQ_NR + i] = pair_word(src[w.n_off[col]], hi)
             else:
                 dst[p * QQ_NR + i] = 0
 
@@ -408,34 +426,52 @@ cdef void gemm_task(const void* work, Py_ssize_t task) noexcept nogil:
         col += QQ_NR
 
 
-def gemm_s16(const int16_t[:, :, ::1] a, const int16_t[:, :, ::1] b,
+def gemm_s16(const int16_t[:, :, ::1] a, const int16_t[::1] b, const Py_ssize_t[::1] b_base,
+             const Py_ssize_t[::1] k_off, const Py_ssize_t[::1] n_off,
              const Py_ssize_t[::1] a_item, const Py_ssize_t[::1] b_item,
              int32_t[:, :, ::1] out, GemmConfig config, int n_threads):
-    """out[t] = a[a_item[t]] @ b[b_item[t]], exact products of int16 values with
-    |v| <= 255, int32 sums wrapping modulo 2**32."""
+    """out[t] = a[a_item[t]] @ B(b_item[t]), exact products of int16 values with
+    |v| <= 255, int32 sums wrapping modulo 2**32. B(i)[k, n] = b[b_base[i] + k_off[k] +
+    n_off[n]]: a [depth, cols] matrix, or a convolution's im2col columns read in place."""
     cdef GemmWork work
-    cdef Py_ssize_t t, n_pack
-    if (a.shape[1] != config.rows or a.shape[2] != config.depth or b.shape[1] != config.depth
-            or b.shape[2] != config.cols or out.shape[0] != config.items
+    cdef Py_ssize_t t, n_pack, reach = 0
+    cdef Py_ssize_t lowest_k = 0, lowest_n = 0, lowest_base = 0, highest_k = 0, highest_n = 0
+    if (a.shape[1] != config.rows or a.shape[2] != config.depth or k_off.shape[0] != config.depth
+            or n_off.shape[0] != config.cols or out.shape[0] != config.items
             or out.shape[1] != config.rows or out.shape[2] != config.cols
             or a_item.shape[0] != config.items or b_item.shape[0] != config.items):
         raise ValueError("gemm_s16: the arrays do not match the configuration")
     for t in range(config.items):
-        if not (0 <= a_item[t] < a.shape[0] and 0 <= b_item[t] < b.shape[0]):
+        if not (0 <= a_item[t] < a.shape[0] and 0 <= b_item[t] < b_base.shape[0]):
             raise ValueError("gemm_s16: an item index is out of range")
     if out.size == 0:
         return
     if config.depth == 0:
         out[:, :, :] = 0
         return
+    # every element the offsets name lies inside b
+    for t in range(b_base.shape[0]):
+        reach = max(reach, b_base[t])
+        lowest_base = min(lowest_base, b_base[t])
+    for t in range(config.depth):
+        lowest_k = min(lowest_k, k_off[t])
+        highest_k = max(highest_k, k_off[t])
+    for t in range(config.cols):
+        lowest_n = min(lowest_n, n_off[t])
+        highest_n = max(highest_n, n_off[t])
+    if lowest_base < 0 or lowest_k < 0 or lowest_n < 0 or reach + highest_k + highest_n >= b.shape[0]:
+        raise ValueError("gemm_s16: the offsets reach outside b")
     work.micro = micro_dp if config.dot_product else micro_plain
     work.a = &a[0, 0, 0]
-    work.b = &b[0, 0, 0]
+    work.b = &b[0]
+    work.b_base = &b_base[0]
+    work.k_off = &k_off[0]
+    work.n_off = &n_off[0]
     work.a_item = &a_item[0]
     work.b_item = &b_item[0]
     work.out = &out[0, 0, 0]
     work.a_items = a.shape[0]
-    work.b_items = b.shape[0]
+    work.b_items = b_base.shape[0]
     work.rows = config.rows
     work.depth = config.depth
     work.cols = config.cols

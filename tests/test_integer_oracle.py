@@ -480,6 +480,13 @@ def test_qlinear_matmul_float8_wide_product():
 
 # ------------------------------------------------------------------ the GEMM kernel at every level
 
+def plain_b(b):
+    """A [count, K, N] int16 array as the kernel's flat b with its offsets."""
+    count, k, n = b.shape
+    return (b.reshape(-1), np.arange(count, dtype=np.intp) * k * n, np.arange(k, dtype=np.intp) * n,
+            np.arange(n, dtype=np.intp))
+
+
 @pytest.mark.parametrize("level", qemu_q._kernels.available_levels())
 @pytest.mark.parametrize("dot_product", [True, False])
 def test_gemm_kernel_panel_boundaries(level, dot_product):
@@ -496,7 +503,8 @@ def test_gemm_kernel_panel_boundaries(level, dot_product):
         out = np.empty((items, m, n), np.int32)
         config = module.GemmConfig(items=items, rows=m, depth=k, cols=n, dot_product=dot_product)
         for threads in (1, 3):
-            module.gemm_s16(a, b, np.arange(items, dtype=np.intp), np.zeros(items, dtype=np.intp), out, config, threads)
+            module.gemm_s16(a, *plain_b(b), np.arange(items, dtype=np.intp), np.zeros(items, dtype=np.intp), out,
+                            config, threads)
             want = [[[wrap32(sum(int(a[t, r, j]) * int(b[0, j, c]) for j in range(k))) for c in range(n)]
                      for r in range(m)] for t in range(items)]
             assert out.tolist() == want, (level, items, m, k, n, threads)
@@ -505,7 +513,20 @@ def test_gemm_kernel_panel_boundaries(level, dot_product):
     b = np.full((1, k, 5), 255, np.int16)
     b[0, ::2, 1] = -255
     out = np.empty((1, 3, 5), np.int32)
-    module.gemm_s16(a, b, np.zeros(1, np.intp), np.zeros(1, np.intp), out,
+    module.gemm_s16(a, *plain_b(b), np.zeros(1, np.intp), np.zeros(1, np.intp), out,
                     module.GemmConfig(items=1, rows=3, depth=k, cols=5, dot_product=dot_product), 2)
     col = [wrap32(-255 * 255 * k), wrap32(-255 * sum(int(v) for v in b[0, :, 1]))] + [wrap32(-255 * 255 * k)] * 3
     assert out.tolist() == [[col] * 3]
+
+
+@pytest.mark.parametrize("level", qemu_q._kernels.available_levels())
+def test_gemm_kernel_offsets_out_of_bounds_rejected(level):
+    module = qemu_q._kernels.load(level).integer
+    a = np.zeros((1, 2, 3), np.int16)
+    b, base, k_off, n_off = plain_b(np.zeros((1, 3, 4), np.int16))
+    out = np.empty((1, 2, 4), np.int32)
+    config = module.GemmConfig(items=1, rows=2, depth=3, cols=4)
+    index = np.zeros(1, np.intp)
+    for bad in ((base + 1, k_off, n_off), (base, k_off + 1, n_off), (base, k_off, n_off - 1)):
+        with pytest.raises(ValueError, match="offsets reach outside b"):
+            module.gemm_s16(a, b, *bad, index, index, out, config, 1)

@@ -55,22 +55,36 @@ def int_values(array: np.ndarray, etype: ElementType) -> np.ndarray:
     return etype.code_values(array.view(etype.storage) if etype.dtype != etype.storage else array)
 
 
-def exact_gemm(a: np.ndarray, b: np.ndarray, a_index: np.ndarray, b_index: np.ndarray,
+def exact_gemm(a: np.ndarray, b: np.ndarray, b_base: np.ndarray, k_offsets: np.ndarray,
+               n_offsets: np.ndarray, a_index: np.ndarray, b_index: np.ndarray,
                n_threads) -> np.ndarray:
-    """The exact int32 GEMM of the integer datapath: a int16 [A, M, K] and b int16
-    [B, K, N] values (8-bit codes minus their zero points, |v| <= 255), out[t] =
-    a[a_index[t]] @ b[b_index[t]] with exact products and int32 sums wrapping modulo 2**32
-    (pyx/_integer.pyx, gemm_s16), int32 [len(a_index), M, N]."""
+    """The exact int32 GEMM of the integer datapath (pyx/_integer.pyx, gemm_s16): a int16
+    [A, M, K] and b a flat int16 array (8-bit codes minus their zero points, |v| <= 255)
+    holding B operands B(i)[k, n] = b[b_base[i] + k_offsets[k] + n_offsets[n]];
+    out[t] = a[a_index[t]] @ B(b_index[t]) with exact products and int32 sums wrapping
+    modulo 2**32, int32 [len(a_index), M, N]."""
     a = np.ascontiguousarray(a, dtype=np.int16)
-    b = np.ascontiguousarray(b, dtype=np.int16)
-    items, (rows, depth), cols = len(a_index), a.shape[1:], b.shape[2]
+    items, (rows, depth), cols = len(a_index), a.shape[1:], len(n_offsets)
     out = np.empty((items, rows, cols), dtype=np.int32)
     module = _dispatch.entry_module(Path.INTEGER_GEMM)
     config = module.GemmConfig(items=items, rows=rows, depth=depth, cols=cols)
-    _dispatch.run(Path.INTEGER_GEMM, a, b, np.ascontiguousarray(a_index, dtype=np.intp),
-                  np.ascontiguousarray(b_index, dtype=np.intp), out, config,
+    intp = np.intp
+    _dispatch.run(Path.INTEGER_GEMM, a, np.ascontiguousarray(b, dtype=np.int16).reshape(-1),
+                  np.ascontiguousarray(b_base, dtype=intp), np.ascontiguousarray(k_offsets, dtype=intp),
+                  np.ascontiguousarray(n_offsets, dtype=intp), np.ascontiguousarray(a_index, dtype=intp),
+                  np.ascontiguousarray(b_index, dtype=intp), out, config,
                   resolve_threads(n_threads, out.size * max(1, depth)))
     return out
+
+
+def exact_matmul(a: np.ndarray, b: np.ndarray, a_index: np.ndarray, b_index: np.ndarray,
+                 n_threads) -> np.ndarray:
+    """exact_gemm of a int16 [A, M, K] by b int16 [B, K, N] (contiguous matrices)."""
+    b = np.ascontiguousarray(b, dtype=np.int16)
+    count, depth, cols = b.shape
+    return exact_gemm(a, b, np.arange(count, dtype=np.intp) * depth * cols,
+                      np.arange(depth, dtype=np.intp) * cols, np.arange(cols, dtype=np.intp),
+                      a_index, b_index, n_threads)
 
 
 def flatten_leading(array: np.ndarray, *tail: int) -> np.ndarray:

@@ -144,6 +144,16 @@ def _windows(padded: np.ndarray, plan: ConvPlan) -> np.ndarray:
     return view[index]
 
 
+def _pad_values(values: np.ndarray, plan: ConvPlan) -> np.ndarray:
+    """values (C-contiguous) inside a zero border of the plan's pads, contiguous."""
+    if not any(plan.pads_begin) and not any(plan.pads_end):
+        return np.ascontiguousarray(values)
+    shape = values.shape[:2] + tuple(s + b + e for s, b, e in zip(values.shape[2:], plan.pads_begin, plan.pads_end))
+    padded = np.zeros(shape, dtype=values.dtype)
+    padded[(slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(plan.pads_begin, values.shape[2:]))] = values
+    return padded
+
+
 def _pad(values: np.ndarray, plan: ConvPlan, fill) -> np.ndarray:
     width = [(0, 0), (0, 0)] + list(zip(plan.pads_begin, plan.pads_end))
     if not any(b or e for b, e in width):
@@ -162,8 +172,6 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
     w_zp_values = (np.zeros(plan.out_channels, np.int64) if w_zp is None else
                    np.broadcast_to(dp.int_values(np.asarray(w_zp).reshape(-1), plan.w_type).astype(np.int64),
                                    (plan.out_channels,)))
-    out_axes = tuple(range(2, 2 + rank))
-    kernel_axes = tuple(range(2 + rank, 2 + 2 * rank))
     if plan.pairs:
         # Raw codes in NHWC order (kernel position outer, channel inner), padded with the
         # zero point's code: the order VPMADDUBSW pairs channels in.
@@ -186,15 +194,29 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
         return dp.wrap_int64(acc)
     # 8-bit codes minus their zero points lie in [-255, 255]: exact in int16
     x_vals = dp.int_values(x, plan.x_type).astype(np.int16) - np.int16(x_zp_value)
-    padded = _pad(x_vals, plan, 0)  # a padded element is the zero point: 0 after subtraction
-    win = _windows(padded, plan)
-    order = (0, 1) + kernel_axes + out_axes
-    columns = np.ascontiguousarray(np.transpose(win, order)).reshape(plan.batch * groups, c_g * taps, positions)
+    padded = _pad_values(x_vals, plan)  # a padded element is the zero point: 0 after subtraction
+    # im2col in place: the GEMM reads column (c, taps) x position (outputs) of image n,
+    # group g at b_base[n, g] + k_offsets[c, taps] + n_offsets[outputs] of the padded
+    # image, so the columns matrix is never written out.
+    element_strides = [stride // padded.itemsize for stride in padded.strides]
+    spatial_strides = element_strides[2:]
+    k_offsets = np.arange(c_g, dtype=np.intp).reshape((c_g,) + (1,) * rank) * element_strides[1]
+    n_offsets = np.zeros((1,) * rank, dtype=np.intp)
+    for i in range(rank):
+        shape = [1] * rank
+        shape[i] = -1
+        k_offsets = k_offsets + (np.arange(plan.kernel[i], dtype=np.intp) * plan.dilations[i]
+                                 * spatial_strides[i]).reshape([1] + shape)
+        n_offsets = n_offsets + (np.arange(plan.out_spatial[i], dtype=np.intp) * plan.strides[i]
+                                 * spatial_strides[i]).reshape(shape)
+    b_base = (np.arange(plan.batch, dtype=np.intp)[:, None] * element_strides[0]
+              + np.arange(groups, dtype=np.intp)[None, :] * c_g * element_strides[1]).reshape(-1)
     w_vals = dp.int_values(w, plan.w_type).astype(np.int16) - \
         w_zp_values.astype(np.int16).reshape((-1,) + (1,) * (rank + 1))
     w_mat = w_vals.reshape(groups, m_g, c_g * taps)
     # one GEMM item per (image, group): that group's filters times its columns
-    acc = dp.exact_gemm(w_mat, columns, np.tile(np.arange(groups, dtype=np.intp), plan.batch),
+    acc = dp.exact_gemm(w_mat, padded, b_base, k_offsets.reshape(-1), n_offsets.reshape(-1),
+                        np.tile(np.arange(groups, dtype=np.intp), plan.batch),
                         np.arange(plan.batch * groups, dtype=np.intp), n_threads)
     acc = acc.reshape(plan.batch, plan.out_channels, positions)
     if bias is not None:

@@ -138,7 +138,7 @@ def _accumulate(plan: MatmulPlan, a, b, a_zp, b_zp, n_threads) -> np.ndarray:
     # 8-bit codes minus their zero points lie in [-255, 255]: exact in int16
     a_vals = dp.int_values(a, plan.a_type).astype(np.int16) - a_zp_b.astype(np.int16)
     b_vals = dp.int_values(b, plan.b_type).astype(np.int16) - b_zp_b.astype(np.int16)
-    acc = dp.exact_gemm(dp.flatten_leading(a_vals, m, k), dp.flatten_leading(b_vals, k, n),
+    acc = dp.exact_matmul(dp.flatten_leading(a_vals, m, k), dp.flatten_leading(b_vals, k, n),
                         dp.item_index(a_vals.shape[:-2], plan.batch),
                         dp.item_index(b_vals.shape[:-2], plan.batch), n_threads)
     return acc.reshape(plan.batch + (m, n))
