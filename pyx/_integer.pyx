@@ -688,6 +688,33 @@ cdef void requantize_row_float64(const int32_t* acc, double m64, uint8_t* codes,
         codes[c] = <uint8_t>(<int32_t>d & 0xFF)
 
 
+cdef bint requantize_row_exact(const int32_t* acc, float sa, float sb, uint8_t* codes, Py_ssize_t n,
+                               const RequantizeWork* w) noexcept nogil:
+    # The "exact" rule for a row with one scale product: v = acc * q, q = fl(sa * sb / sy)
+    # (sa * sb is exact in double), is within |v| * 2**-51 of the exact value (two
+    # roundings), so wherever v lies farther than |v| * 2**-49 from a rounding midpoint the
+    # exact value rounds to the same integer; elsewhere exact_code decides. False when q
+    # is not a normal double far from the limits (the caller then goes element by element).
+    cdef double q, v, r
+    cdef Py_ssize_t c
+    if not (isfinite(sa) and isfinite(sb) and isfinite(w.y_scale)) or w.y_scale == 0.0:
+        return False
+    q = (<double>sa * <double>sb) / <double>w.y_scale
+    if not (fabs(q) >= 1e-290 and fabs(q) <= 1e290):
+        return False
+    for c in range(n):
+        v = <double>acc[c] * q
+        if fabs(v) >= 1073741824.0:
+            codes[c] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
+            continue
+        r = nearbyint(v)
+        if fabs(fabs(v - r) - 0.5) > fabs(v) * 1.7763568394002505e-15 + 1e-300:
+            codes[c] = <uint8_t>(saturate_code(r + w.zero_point, w) & 0xFF)
+        else:
+            codes[c] = <uint8_t>(exact_code(acc[c], sa, sb, w.y_scale, w) & 0xFF)
+    return True
+
+
 cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef const RequantizeWork* w = <const RequantizeWork*>work
     cdef Py_ssize_t r, c, i
@@ -699,6 +726,9 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
         # One multiplier for the whole row (the columns share a scale: QLinearConv's
         # x_scale, a per-tensor b_scale): the rule's per-element arithmetic without the
         # per-element division.
+        if w.uniform_cols and not w.float_output and w.rule == RULE_EXACT:
+            if requantize_row_exact(w.acc + r * w.cols, sa, w.col_scale[0], w.codes + r * w.cols, w.cols, w):
+                continue
         if w.uniform_cols and not w.float_output and w.rule != RULE_EXACT:
             if w.rule == RULE_FLOAT32:
                 m32 = multiplier32(sa, w.col_scale[0], w.y_scale)

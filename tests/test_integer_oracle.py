@@ -530,3 +530,43 @@ def test_gemm_kernel_offsets_out_of_bounds_rejected(level):
     for bad in ((base + 1, k_off, n_off), (base, k_off + 1, n_off), (base, k_off, n_off - 1)):
         with pytest.raises(ValueError, match="offsets reach outside b"):
             module.gemm_s16(a, b, *bad, index, index, out, config, 1)
+
+
+@pytest.mark.parametrize("scales", [
+    (np.float32(1 / 3), np.float32(0.5), np.float32(1 / 3)),     # q = 0.5 exactly: ties at every odd acc
+    (np.float32(0.1), np.float32(0.3), np.float32(0.0075)),       # q inexact, values near 4 * acc
+    (np.float32(2.0**-20), np.float32(3.0), np.float32(1.5)),     # q = 2**-19: ties at acc = 2**18 (2k + 1)
+    (np.float32(7e-3), np.float32(9e-4), np.float32(3e-7)),
+    (np.float32(1e30), np.float32(1e8), np.float32(1e-8)),        # saturates
+])
+@pytest.mark.parametrize("zp", [0, 1, 127])
+def test_exact_rule_rows_near_ties(scales, zp):
+    # The "exact" rule's row path (one multiplier per row) against Fractions, on
+    # accumulators that land on and next to rounding midpoints.
+    sa, sb, sy = scales
+    q = Fraction(float(sa)) * Fraction(float(sb)) / Fraction(float(sy))
+    accs = set()
+    for k in range(-40, 40):
+        mid = (Fraction(2 * k + 1, 2)) / q  # the acc whose value is the midpoint k + 0.5
+        base = mid.numerator // mid.denominator
+        accs.update(v for v in range(base - 2, base + 3) if -2**31 <= v < 2**31)
+    accs.update([0, 1, -1, 2_000_000, -2_000_000, 12345, -777])
+    accs = [v for v in sorted(accs) if abs(v) <= 2_000_000][:240]
+    # acc = 127 * (sum of 130 codes) + one code: b holds 130 x 127 and one 1
+    k = 131
+    a_codes = np.zeros((len(accs), k), np.int8)
+    for row, target in enumerate(accs):
+        low = ((target + 63) % 127) - 63
+        high = (target - low) // 127
+        for col in range(130):
+            part = max(-127, min(127, high))
+            a_codes[row, col] = part
+            high -= part
+        a_codes[row, 130] = low
+    b = np.full((k, 1), 127, np.int8)
+    b[130, 0] = 1
+    acc = matmul_oracle(a_codes, b, 0, 0)
+    assert [acc[r, 0] for r in range(len(accs))] == accs
+    y = qemu_q.qlinear_matmul(a_codes, sa, np.int8(0), b, sb, np.int8(0), sy, np.uint8(zp))
+    want = [[requantize(acc[r, 0], sa, sb, sy, zp, 0, 255, "exact")] for r in range(len(accs))]
+    assert y.tolist() == want
