@@ -570,3 +570,22 @@ def test_exact_rule_rows_near_ties(scales, zp):
     y = qemu_q.qlinear_matmul(a_codes, sa, np.int8(0), b, sb, np.int8(0), sy, np.uint8(zp))
     want = [[requantize(acc[r, 0], sa, sb, sy, zp, 0, 255, "exact")] for r in range(len(accs))]
     assert y.tolist() == want
+
+
+@pytest.mark.parametrize("scale_type", [np.float16, BF16])
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+@pytest.mark.parametrize("y_type", ["uint8", "float8e4m3fn"])
+def test_qlinear_matmul_float8_narrow_scales(scale_type, rule, y_type):
+    # float16 / bfloat16 scales: exact values for "exact" and "float32", the "float64"
+    # rule's multiplier rounded to the scale type at each step (docs/semantics.md).
+    for trial in range(4):
+        m, k, n = (int(v) for v in RNG.integers(1, 6, size=3))
+        a = operand_codes("float8e5m2", (m, k))
+        b = operand_codes("int8", (k, n))
+        a_zp, b_zp, y_zp = zero_point_of("float8e5m2"), zero_point_of("int8"), zero_point_of(y_type)
+        sa, sb, sy = (scale_type(v) for v in RNG.choice([0.3, 0.1, 3.0, 0.0625, 1.7, 0.013, 7.0], size=3))
+        got = qemu_q.qlinear_matmul(a, sa, a_zp, b, sb, b_zp, sy, y_zp, requantization=rule, opset=21)
+        want = float8_matmul_oracle(a, "float8e5m2", a_zp, b, "int8", b_zp, sa, sb, sy, y_type, y_zp, rule,
+                                    scale_type=scale_type)
+        stored = got.view(np.uint8) if y_type in F8 else got
+        assert stored.tolist() == want.tolist(), trial
