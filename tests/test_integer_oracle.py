@@ -369,9 +369,11 @@ def float8_matmul_oracle(a, a_type, a_zp, b, b_type, b_zp, sa, sb, sy, y_type, y
                     else:
                         out[r, c] = min(max(rne(real) + zp, lo), hi)
                     continue
-                v = s_float * float(sa) * float(sb) / float(sy) if float(sy) != 0 else (
-                    math.nan if s_float * float(sa) * float(sb) == 0 or math.isnan(s_float) else
-                    math.copysign(math.inf, s_float * float(sa) * float(sb) * math.copysign(1.0, float(sy))))
+                # the IEEE value of (S * sa * sb) / sy: numpy float64 arithmetic, whose NaNs
+                # carry the sign the hardware gives (docs/semantics.md)
+                with np.errstate(all="ignore"):
+                    v = float(np.float64(s_float) * np.float64(float(sa)) * np.float64(float(sb))
+                              / np.float64(float(sy)))
             elif rule == "float32":
                 s32 = f32(fo.round_to_binary(s_exact, "float")) if finite else f32(s_float)
                 with np.errstate(all="ignore"):
@@ -589,3 +591,19 @@ def test_qlinear_matmul_float8_narrow_scales(scale_type, rule, y_type):
                                     scale_type=scale_type)
         stored = got.view(np.uint8) if y_type in F8 else got
         assert stored.tolist() == want.tolist(), trial
+
+
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+@pytest.mark.parametrize("y_type", ["int8", "float8e4m3fn"])
+@pytest.mark.parametrize("scales", [(0.5, 0.25, 0.0), (np.inf, 0.25, 2.0), (0.5, 0.25, np.inf), (0.5, np.nan, 2.0)])
+def test_qlinear_matmul_float8_non_finite_scales(rule, y_type, scales):
+    # y_scale 0, infinite and NaN scales with float8 operands: the IEEE values of the
+    # rule's arithmetic (docs/semantics.md), never an exception.
+    a = np.array([[1.5, -2.0, 0.0], [0.0, 0.0, 0.0], [-448.0, 448.0, 3.0]], ml_dtypes.float8_e4m3fn)
+    b = np.array([[2, -1], [1, 0], [0, 5]], np.int8)
+    a_zp, b_zp, y_zp = zero_point_of("float8e4m3fn"), np.int8(0), zero_point_of(y_type)
+    sa, sb, sy = (np.float32(v) for v in scales)
+    got = qemu_q.qlinear_matmul(a, sa, a_zp, b, sb, b_zp, sy, y_zp, requantization=rule, opset=21)
+    want = float8_matmul_oracle(a, "float8e4m3fn", a_zp, b, "int8", b_zp, sa, sb, sy, y_type, y_zp, rule)
+    stored = got.view(np.uint8) if y_type in F8 else got
+    assert stored.tolist() == want.tolist()
