@@ -57,7 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL_MODULES = ["_quantize", "_dequantize", "_cast", "_packing", "_dynamic", "_parallel", "_integer", "_mx",
                   "_nvfp4"]
 # Built once more per instruction-set level (see the module docstring).
-ISA_MODULES = ["_quantize", "_dequantize", "_cast", "_mx", "_nvfp4"]
+ISA_MODULES = ["_quantize", "_dequantize", "_cast", "_mx", "_nvfp4", "_integer"]
 ISA_LEVELS = {"x86-64-v3": ["-march=x86-64-v3"], "x86-64-v4": ["-march=x86-64-v4"]}
 ISA_STUB_DIR = os.path.join("build", "isa_src")
 PYX_DIR = "pyx"

@@ -28,6 +28,10 @@ class Path(Enum):
     CAST = "cast"
     MX_QUANTIZE = "mx_quantize"              # OCP MX: shared scales and codes (one per byte or packed)
     NVFP4_QUANTIZE = "nvfp4_quantize"
+    INTEGER_GEMM = "integer_gemm"            # exact int16 GEMM, int32 wrap (integer datapath)
+    PAIR_SUMS = "pair_sums"                  # the VPMADDUBSW pair-saturating accumulator
+    REQUANTIZE = "requantize"                # int32 accumulators -> codes under a named rule
+    FLOAT_MATMUL = "float_matmul"            # QLinearMatMul-21 with float8 operands: exact sums, requantized
 
 
 # path -> (kernel family in qemu_q._kernels.KernelSet, or None for the level-independent
@@ -42,6 +46,10 @@ KERNEL_ENTRIES = {
     Path.CAST: ("cast", "cast"),
     Path.MX_QUANTIZE: ("mx", "mx_quantize"),
     Path.NVFP4_QUANTIZE: ("nvfp4", "quantize"),
+    Path.INTEGER_GEMM: ("integer", "gemm_s16"),
+    Path.PAIR_SUMS: ("integer", "pair_sums_u8s8"),
+    Path.REQUANTIZE: ("integer", "requantize"),
+    Path.FLOAT_MATMUL: ("integer", "float_matmul_requantize"),
 }
 
 # False forces the kernels' general scalar paths (the tests compare both); read when a

@@ -31,6 +31,7 @@ class KernelSet:
     cast: ModuleType
     mx: ModuleType
     nvfp4: ModuleType
+    integer: ModuleType
 
 
 def _suffix(level: str) -> str:
@@ -59,6 +60,7 @@ def load(level: str) -> KernelSet:
         importlib.import_module(f"qemu_q._cast{suffix}"),
         importlib.import_module(f"qemu_q._mx{suffix}"),
         importlib.import_module(f"qemu_q._nvfp4{suffix}"),
+        importlib.import_module(f"qemu_q._integer{suffix}"),
     )
 
 

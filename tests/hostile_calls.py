@@ -273,8 +273,9 @@ def gen_out(rng, nrng, x):
 
 def gen_call(rng: random.Random, nrng):
     """(description, callable, inputs to fingerprint, reasons the call must be rejected)."""
-    op = rng.choices(["quantize", "dequantize", "dynamic", "pack", "unpack", "run_op", "cast", "nvfp4"],
-                     weights=[40, 25, 5, 10, 10, 10, 12, 8])[0]
+    op = rng.choices(["quantize", "dequantize", "dynamic", "pack", "unpack", "run_op", "cast", "nvfp4",
+                      "integer"],
+                     weights=[40, 25, 5, 10, 10, 10, 12, 8, 14])[0]
     reasons = []
     kwargs = {}
 
@@ -348,7 +349,7 @@ def gen_call(rng: random.Random, nrng):
             reasons.append(f"to={describe(to)}")
         attribute("saturate", SATURATE_VALID, SATURATE_INVALID, p=0.3)
         attribute("round_mode", ROUND_MODE_VALID, ROUND_MODE_INVALID, p=0.3)
-        attribute("opset", OPSET_VALID + [1, 6, 9, 13], OPSET_INVALID[:-5] + [0], p=0.5)
+        attribute("opset", OPSET_VALID + [1, 6, 9, 13], [v for v in OPSET_INVALID[:-5] if v != 9] + [0], p=0.5)
         attribute("n_threads", THREADS_VALID, THREADS_INVALID, p=0.3)
         out, bad_out = gen_out(rng, nrng, x)
         if out is not None:
@@ -372,6 +373,8 @@ def gen_call(rng: random.Random, nrng):
         attribute("n_threads", THREADS_VALID, THREADS_INVALID, p=0.3)
         return (f"nvfp4_quantize({describe(x)}, {describe(kwargs)})",
                 lambda: qemu_q.nvfp4_quantize(x, **kwargs), (x,), reasons)
+    if op == "integer":
+        return gen_integer_call(rng, nrng, reasons, kwargs, attribute)
 
     if op == "dynamic":
         x, foreign = gen_x(rng, nrng, foreign_p=0.3, dtypes=[np.float32] * 6 + ONNX_DTYPES)
@@ -448,6 +451,112 @@ def gen_call(rng: random.Random, nrng):
         reasons.append(f"opset={opset!r}")
     return (f"run_op({op_type!r}, {describe(inputs)}, {describe(attrs)}, {opset!r})",
             lambda: qemu_q.run_op(op_type, inputs, attrs, opset), (inputs,), reasons)
+
+
+INTEGER_CODE_DTYPES = [np.uint8, np.int8]
+FLOAT8_DTYPES = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz]
+REQUANTIZATION_VALID = ["exact", "float32", "float64"]
+REQUANTIZATION_INVALID = ["EXACT", "", None, 1, "float16", b"exact"]
+ACCUMULATOR_VALID = ["int32", "x86-u8s8-pairs"]
+ACCUMULATOR_INVALID = ["int64", "", None, 32, "pairs"]
+AUTO_PAD_VALID = ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]
+AUTO_PAD_INVALID = ["SAME", "", None, 1, "valid"]
+INTS_VALID = [None, [1, 1], [2, 1], (1, 2), [3, 3], np.array([1, 2])]
+INTS_INVALID = [[0, 1], [-1, 1], "11", 1, [1.5, 1], [2**63, 1], [None, 1]]
+
+
+def gen_integer_call(rng, nrng, reasons, kwargs, attribute):
+    """MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv: mostly valid codes and
+    geometry, with foreign dtypes, mismatched shapes, bad options and attributes."""
+    which = rng.choice(["matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv"])
+    conv = "conv" in which
+
+    def codes(shape, dtypes=INTEGER_CODE_DTYPES):
+        dtype = rng.choice(dtypes)
+        if rng.random() < 0.08:
+            dtype = rng.choice(FOREIGN_DTYPES)
+            try:
+                array = np.zeros(shape, dtype)
+            except TypeError:
+                array = np.zeros(shape, np.float64)
+            reasons.append(f"codes of dtype {array.dtype}")
+            return array
+        array = make_array(rng, nrng, dtype, shape, layout_choice(rng))
+        return array
+
+    def scalar(dtype):
+        return np.array(0, dtype) if rng.random() < 0.5 else np.zeros(rng.choice([(), (1,)]), dtype)
+
+    if conv:
+        rank = rng.choice([1, 2, 3])
+        n, c, m = rng.choice([0, 1, 2]), rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+        spatial = tuple(rng.choice([1, 3, 5]) for _ in range(rank))
+        kernel = tuple(rng.choice([1, 2, 3]) for _ in range(rank))
+        x = codes((n, c) + spatial)
+        group = rng.choice([1, 1, 2, 0, -1, c])
+        w_shape = (m, max(1, c // max(group, 1))) + kernel
+        if rng.random() < 0.1:
+            w_shape = rng.choice([(m,), (m, c), (m, c + 1) + kernel])
+        w = codes(w_shape)
+        kwargs["group"] = group
+        if group < 1:
+            reasons.append(f"group={group}")
+        for name in ("strides", "dilations"):
+            if rng.random() < 0.4:
+                value = rng.choice(INTS_VALID + INTS_INVALID)
+                kwargs[name] = value
+                if any(value is v for v in INTS_INVALID):
+                    reasons.append(f"{name}={describe(value)}")
+        if rng.random() < 0.3:
+            kwargs["pads"] = rng.choice([[1] * (2 * rank), [0] * (2 * rank), [-1] * (2 * rank), [1], "1"])
+            if kwargs["pads"] in ([-1] * (2 * rank), "1"):
+                reasons.append(f"pads={kwargs['pads']!r}")
+        if rng.random() < 0.3:
+            value, bad = pick(rng, AUTO_PAD_VALID, AUTO_PAD_INVALID)
+            kwargs["auto_pad"] = value
+            if bad:
+                reasons.append(f"auto_pad={value!r}")
+        first, second = x, w
+    else:
+        m, k, n = rng.choice([0, 1, 3, 8]), rng.choice([0, 1, 5, 33]), rng.choice([1, 2, 7])
+        a_shape = rng.choice([(m, k), (k,), (2, m, k), (1, 2, m, k)])
+        b_shape = rng.choice([(k, n), (k,), (2, k, n)])
+        if rng.random() < 0.1:
+            b_shape = (k + 1, n)
+        float8 = which == "qlinear_matmul" and rng.random() < 0.3
+        first = codes(a_shape, FLOAT8_DTYPES if float8 else INTEGER_CODE_DTYPES)
+        second = codes(b_shape, FLOAT8_DTYPES + INTEGER_CODE_DTYPES if float8 else INTEGER_CODE_DTYPES)
+    zp_first = scalar(first.dtype) if first.dtype.kind != "O" else None
+    zp_second = scalar(second.dtype) if second.dtype.kind != "O" else None
+    if rng.random() < 0.05 and zp_second is not None:
+        zp_second = np.zeros((3, 3), zp_second.dtype)
+    attribute("accumulator", ACCUMULATOR_VALID, ACCUMULATOR_INVALID, p=0.3)
+    attribute("n_threads", THREADS_VALID, THREADS_INVALID, p=0.3)
+    attribute("opset", OPSET_VALID, OPSET_INVALID, p=0.3)
+    if which.startswith("qlinear"):
+        attribute("requantization", REQUANTIZATION_VALID, REQUANTIZATION_INVALID, p=0.4)
+        scale = rng.choice([np.float32(0.5), np.float32(3.0), np.float32(np.nan), np.float32(0.0), np.float32(np.inf),
+                            np.float16(0.25), np.float64(0.5)])
+        if isinstance(scale, np.float64):
+            reasons.append("a float64 scale")
+        y_zp = scalar(rng.choice([np.uint8, np.int8, ml_dtypes.float8_e4m3fn]))
+        args = [first, scale, zp_first, second, np.float32(0.25), zp_second, np.float32(0.125), y_zp]
+        if conv and rng.random() < 0.5:
+            args.append(rng.choice([np.zeros(second.shape[0], np.int32), np.zeros(3, np.int32),
+                                    np.zeros(second.shape[0], np.int64)]))
+            if args[-1].dtype == np.int64:
+                reasons.append("an int64 bias")
+    else:
+        args = [first, second, zp_first, zp_second]
+    x_like = first if isinstance(first, np.ndarray) else None
+    out, bad_out = gen_out(rng, nrng, x_like)
+    if out is not None:
+        kwargs["out"] = out
+        if bad_out:
+            reasons.append(f"out={describe(out)}")
+    fn = getattr(qemu_q, which)
+    text = f"{which}({', '.join(describe(a) for a in args)}, {describe(kwargs)})"
+    return text, (lambda: fn(*args, **kwargs)), (args,), reasons
 
 
 def main(seed: int, count: int) -> dict:

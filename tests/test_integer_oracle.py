@@ -263,24 +263,347 @@ def test_qlinear_matmul_float8():
         assert int(y.view(np.uint8)[r, c]) == fo.encode(fmt, v, True, opset=21), (r, c)
 
 
-def test_x86_pairs_accumulator():
+@pytest.mark.parametrize("k, a_zp, b_zp", [(5, 10, -2), (301, 200, -100), (600, 255, 127)])
+def test_x86_pairs_accumulator(k, a_zp, b_zp):
     # docs/semantics.md: raw-code pairs (k, k+1) saturated to int16, then exact zero points.
-    a = np.full((2, 5), 255, np.uint8)
-    b = np.full((5, 3), 127, np.int8)
+    # K * a_zp * b_zp beyond 8 bits: the correction is computed in wide integers.
+    a = np.full((2, k), 255, np.uint8)
+    a[1, ::3] = 17
+    b = np.full((k, 3), 127, np.int8)
     b[:, 1] = -128
-    a_zp, b_zp = np.uint8(10), np.int8(-2)
+    b[::4, 2] = -3
+    a_zp, b_zp = np.uint8(a_zp), np.int8(b_zp)
 
     def pairs_oracle(r, c):
         total = 0
-        for k in range(0, 5, 2):
-            p = sum(int(a[r, t]) * int(b[t, c]) for t in range(k, min(k + 2, 5)))
+        for t0 in range(0, k, 2):
+            p = sum(int(a[r, t]) * int(b[t, c]) for t in range(t0, min(t0 + 2, k)))
             total += max(-32768, min(32767, p))
-        col = sum(int(b[t, c]) for t in range(5))
-        row = sum(int(a[r, t]) for t in range(5))
-        return wrap32(total - int(a_zp) * col - int(b_zp) * row + 5 * int(a_zp) * int(b_zp))
+        col = sum(int(b[t, c]) for t in range(k))
+        row = sum(int(a[r, t]) for t in range(k))
+        return wrap32(total - int(a_zp) * col - int(b_zp) * row + k * int(a_zp) * int(b_zp))
 
     got = qemu_q.matmul_integer(a, b, a_zp, b_zp, accumulator="x86-u8s8-pairs")
     assert got.tolist() == [[pairs_oracle(r, c) for c in range(3)] for r in range(2)]
     exact = matmul_oracle(a, b, a_zp, b_zp)
     assert got.tolist() != exact.tolist()  # the saturation shows
     assert qemu_q.matmul_integer(a, b, a_zp, b_zp).tolist() == exact.tolist()
+
+
+def test_x86_pairs_accumulator_conv_wide_zero_point_correction():
+    # QLinearConv u8 x s8 with the pairs profile and an even C: small raw codes never
+    # saturate a pair, so the result is the exact accumulation; K * x_zp * w_zp (36 * 200 *
+    # -100) needs more than 8 bits.
+    x = RNG.integers(0, 40, size=(1, 4, 4, 4)).astype(np.uint8)
+    w = RNG.integers(-40, 40, size=(3, 4, 3, 3)).astype(np.int8)
+    x_zp, w_zp = np.uint8(200), np.int8(-100)
+    sx, sw, sy = np.float32(0.5), np.float32(0.25), np.float32(1024.0)
+    y = qemu_q.qlinear_conv(x, sx, x_zp, w, sw, w_zp, sy, np.uint8(7), pads=[1, 1, 1, 1],
+                            accumulator="x86-u8s8-pairs")
+    acc = conv_oracle(x, w, x_zp, w_zp, 1, (1, 1), (1, 1), (1, 1, 1, 1), "NOTSET")
+    want = np.vectorize(lambda v: requantize(v, sx, sw, sy, 7, 0, 255, "exact"), otypes=[object])(acc)
+    assert y.tolist() == want.tolist()
+
+
+# ------------------------------------------------------------------ QLinearMatMul-21, float8 operands
+
+F8 = {"float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
+      "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz"}
+INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def operand_value(name, code, zp):
+    """An operand element's exact value (docs/semantics.md): a float8 code decoded (its zero
+    point is +-0), an integer code minus its zero point; "nan", "+inf", "-inf" otherwise."""
+    if name in F8:
+        return fo.decode(F8[name], int(code))
+    return Fraction(int(code) - int(zp))
+
+
+def special_sum(terms):
+    """The sum of a dot product in which a NaN or an infinity takes part: NaN (positive,
+    quiet) when a product is NaN (a NaN, inf * 0) or infinities of both signs meet,
+    otherwise the infinity."""
+    signs = set()
+    for x, y in terms:
+        if "nan" in (x, y):
+            return math.nan
+        if isinstance(x, str) or isinstance(y, str):
+            other = y if isinstance(x, str) else x
+            if not isinstance(other, str) and other == 0:
+                return math.nan
+            sx = (-1 if x == "-inf" else 1) if isinstance(x, str) else (1 if x > 0 else -1)
+            sy_ = (-1 if y == "-inf" else 1) if isinstance(y, str) else (1 if y > 0 else -1)
+            signs.add(sx * sy_)
+    if len(signs) == 2:
+        return math.nan
+    return math.inf if signs == {1} else -math.inf
+
+
+def float8_matmul_oracle(a, a_type, a_zp, b, b_type, b_zp, sa, sb, sy, y_type, y_zp, rule,
+                         scale_type=np.float32):
+    """QLinearMatMul-21 with a float8 operand, 2-D, scalar scales and zero points, by
+    docs/semantics.md: the exact sum S (or the special sum), then the rule. Returns codes as
+    Python ints (uint8 storage for float8 outputs)."""
+    a = a.view(np.uint8) if a_type in F8 else a
+    b = b.view(np.uint8) if b_type in F8 else b
+    m, k = a.shape
+    n = b.shape[1]
+    f32 = np.float32
+    out = np.empty((m, n), dtype=object)
+    fy = F8.get(y_type)
+    y_zero = (math.copysign(0.0, -1.0) if fo.sign_bit(fy, int(np.asarray(y_zp).view(np.uint8))) else 0.0) if fy else 0.0
+    lo, hi = INT_RANGES.get(y_type, (0, 0))
+    zp = 0 if fy else int(y_zp)
+    for r in range(m):
+        for c in range(n):
+            terms = [(operand_value(a_type, a[r, t], a_zp), operand_value(b_type, b[t, c], b_zp)) for t in range(k)]
+            finite = not any(isinstance(x, str) for pair in terms for x in pair)
+            s_exact = sum((x * y for x, y in terms), Fraction(0)) if finite else None
+            s_float = float(s_exact) if finite else special_sum(terms)  # float(Fraction) rounds once
+            if rule == "exact":
+                if finite and all(math.isfinite(float(v)) for v in (sa, sb, sy)) and float(sy) != 0:
+                    real = s_exact * Fraction(float(sa)) * Fraction(float(sb)) / Fraction(float(sy))
+                    if fy:
+                        out[r, c] = fo.encode(fy, real, True, opset=21) if real != 0 else fo.encode(fy, 0.0 + y_zero, True, opset=21)
+                    else:
+                        out[r, c] = min(max(rne(real) + zp, lo), hi)
+                    continue
+                # the IEEE value of (S * sa * sb) / sy: numpy float64 arithmetic, whose NaNs
+                # carry the sign the hardware gives (docs/semantics.md)
+                with np.errstate(all="ignore"):
+                    v = float(np.float64(s_float) * np.float64(float(sa)) * np.float64(float(sb))
+                              / np.float64(float(sy)))
+            elif rule == "float32":
+                s32 = f32(fo.round_to_binary(s_exact, "float")) if finite else f32(s_float)
+                with np.errstate(all="ignore"):
+                    mult = f32(f32(f32(sa) * f32(sb)) / f32(sy))
+                    v = float(f32(s32 * mult))
+            else:
+                t = np.dtype(scale_type).type
+                with np.errstate(all="ignore"):
+                    mult = float(t(t(t(sa) * t(sb)) / t(sy)))
+                v = s_float * mult
+            if fy:
+                out[r, c] = fo.encode(fy, v + y_zero, True, opset=21)
+            elif math.isnan(v):
+                out[r, c] = lo
+            elif math.isinf(v):
+                out[r, c] = hi if v > 0 else lo
+            elif rule == "float64":
+                out[r, c] = min(max(rne(Fraction(v + zp)), lo), hi)
+            else:
+                out[r, c] = min(max(rne(Fraction(v)) + zp, lo), hi)
+    return out
+
+
+def operand_codes(name, shape, specials=False):
+    if name in F8:
+        fmt = F8[name]
+        pool = fo.finite_codes(fmt)
+        codes_ = RNG.choice(pool, size=shape).astype(np.uint8)
+        if specials:
+            special = [c for c in range(256) if not isinstance(fo.decode(fmt, c), Fraction)]
+            mask = RNG.random(shape) < 0.15
+            codes_[mask] = RNG.choice(special, size=int(mask.sum()))
+        return codes_.view(getattr(ml_dtypes, F8[name]))
+    lo, hi = INT_RANGES[name]
+    return RNG.integers(lo, hi, size=shape, endpoint=True).astype(name)
+
+
+def zero_point_of(name):
+    if name in F8:
+        return np.zeros((), getattr(ml_dtypes, F8[name]))
+    lo, hi = INT_RANGES[name]
+    return np.array(RNG.integers(lo, hi, endpoint=True), dtype=name)
+
+
+FLOAT8_COMBOS = [("float8e4m3fn", "float8e4m3fn", "uint8"), ("float8e5m2", "float8e4m3fnuz", "float8e4m3fn"),
+                 ("float8e5m2fnuz", "float8e5m2", "int8"), ("uint8", "float8e5m2fnuz", "float8e5m2"),
+                 ("float8e4m3fnuz", "int8", "float8e4m3fnuz"), ("int8", "float8e4m3fn", "float8e5m2fnuz"),
+                 ("float8e5m2", "float8e5m2", "float8e5m2")]
+
+
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+@pytest.mark.parametrize("types", FLOAT8_COMBOS, ids="x".join)
+@pytest.mark.parametrize("specials", [False, True])
+def test_qlinear_matmul_float8_operands(types, rule, specials):
+    a_type, b_type, y_type = types
+    for trial in range(4):
+        m, k, n = (int(v) for v in RNG.integers(1, 7, size=3))
+        a = operand_codes(a_type, (m, k), specials)
+        b = operand_codes(b_type, (k, n), specials)
+        a_zp, b_zp, y_zp = zero_point_of(a_type), zero_point_of(b_type), zero_point_of(y_type)
+        sa, sb, sy = (np.float32(v) for v in RNG.choice([0.5, 0.1, 3.0, 0.0625, 1.7, 0.013], size=3))
+        got = qemu_q.qlinear_matmul(a, sa, a_zp, b, sb, b_zp, sy, y_zp, requantization=rule, opset=21)
+        want = float8_matmul_oracle(a, a_type, a_zp, b, b_type, b_zp, sa, sb, sy, y_type, y_zp, rule)
+        stored = got.view(np.uint8) if y_type in F8 else got
+        assert stored.tolist() == want.tolist(), (trial, a.view(np.uint8).tolist(), b.view(np.uint8).tolist())
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_qlinear_matmul_float8_sum_beyond_53_bits(n_threads):
+    # e5m2: 57344**2 = 49 * 2**26 and 2**-16 * 2**-16 = 2**-32 in one sum: S needs 58 bits.
+    # With sa * sb / sy = 2**-27 the big term alone is the tie 24.5: "exact" sees S itself
+    # (24.5 + 2**-59, rounds to 25); "float32" and "float64" start from fl32(S) / fl64(S),
+    # which drop the tiny term, and round the tie to even (24).
+    e5m2 = ml_dtypes.float8_e5m2
+    a = np.array([[57344.0, 2.0**-16]], dtype=e5m2)
+    b = np.array([[57344.0], [2.0**-16]], dtype=e5m2)
+    zero = np.zeros((), e5m2)
+    args = (a, np.float32(2.0**-27), zero, b, np.float32(1.0), zero, np.float32(1.0), np.uint8(0))
+    want = {"exact": 25, "float32": 24, "float64": 24}
+    for rule in want:
+        y = qemu_q.qlinear_matmul(*args, requantization=rule, opset=21, n_threads=n_threads)
+        assert y.tolist() == [[want[rule]]], rule
+
+
+def test_qlinear_matmul_float8_wide_product():
+    # K = 2**17 products of the largest e5m2fnuz value: |S| * 2**34 needs 83 bits, times two
+    # 24-bit scale significands more than 128 bits: the exact rule's 192-bit path.
+    k = 1 << 17
+    t = ml_dtypes.float8_e5m2fnuz
+    a = np.full((1, k), 57344.0, dtype=t)
+    b = np.full((k, 2), 57344.0, dtype=t)
+    b[::3, 1] = -57344.0
+    zero = np.zeros((), t)
+    sa, sb, sy = np.float32(0.1), np.float32(0.3), np.float32(7.0)
+    s0 = Fraction(57344) ** 2 * k
+    negatives = len(range(0, k, 3))
+    s1 = Fraction(57344) ** 2 * (k - 2 * negatives)
+    target = Fraction(40)  # scale S0 to about 40: sa' = 40 / (S0 * sb / sy), a float32
+    sa = np.float32(float(target / (s0 * Fraction(float(sb)) / Fraction(float(sy)))))
+    y = qemu_q.qlinear_matmul(a, sa, zero, b, sb, zero, sy, np.int8(3), opset=21)
+    want = [min(max(rne(s * Fraction(float(sa)) * Fraction(float(sb)) / Fraction(float(sy))) + 3, -128), 127)
+            for s in (s0, s1)]
+    assert -128 < want[0] < 127 and -128 < want[1] < 127
+    assert y.tolist() == [want]
+
+
+# ------------------------------------------------------------------ the GEMM kernel at every level
+
+def plain_b(b):
+    """A [count, K, N] int16 array as the kernel's flat b with its offsets."""
+    count, k, n = b.shape
+    return (b.reshape(-1), np.arange(count, dtype=np.intp) * k * n, np.arange(k, dtype=np.intp) * n,
+            np.arange(n, dtype=np.intp))
+
+
+@pytest.mark.parametrize("level", qemu_q._kernels.available_levels())
+@pytest.mark.parametrize("dot_product", [True, False])
+def test_gemm_kernel_panel_boundaries(level, dot_product):
+    # pyx/_integer.pyx gemm_s16 against Python ints, on sizes that straddle the row panels
+    # (MR = 4, 6, 12), the column panels (NR = 8, 16, 32), a task's 256 columns and an odd K;
+    # every level, VPDPWSSD and VPMADDWD + VPADDD, 1 and 3 threads; extreme values (255 * 255
+    # products) with a K that wraps int32.
+    module = qemu_q._kernels.load(level).integer
+    rng = np.random.default_rng(5)
+    for items, m, k, n in [(1, 1, 1, 1), (2, 5, 3, 7), (1, 13, 9, 33), (3, 25, 17, 65), (1, 7, 2, 257),
+                           (1, 12, 1, 32), (2, 49, 6, 300)]:
+        a = rng.integers(-255, 256, (items, m, k)).astype(np.int16)
+        b = rng.integers(-255, 256, (1, k, n)).astype(np.int16)
+        out = np.empty((items, m, n), np.int32)
+        config = module.GemmConfig(items=items, rows=m, depth=k, cols=n, dot_product=dot_product)
+        for threads in (1, 3):
+            module.gemm_s16(a, *plain_b(b), np.arange(items, dtype=np.intp), np.zeros(items, dtype=np.intp), out,
+                            config, threads)
+            want = [[[wrap32(sum(int(a[t, r, j]) * int(b[0, j, c]) for j in range(k))) for c in range(n)]
+                     for r in range(m)] for t in range(items)]
+            assert out.tolist() == want, (level, items, m, k, n, threads)
+    k = 33_001  # 33001 * 255**2 > 2**31: the sums wrap
+    a = np.full((1, 3, k), -255, np.int16)
+    b = np.full((1, k, 5), 255, np.int16)
+    b[0, ::2, 1] = -255
+    out = np.empty((1, 3, 5), np.int32)
+    module.gemm_s16(a, *plain_b(b), np.zeros(1, np.intp), np.zeros(1, np.intp), out,
+                    module.GemmConfig(items=1, rows=3, depth=k, cols=5, dot_product=dot_product), 2)
+    col = [wrap32(-255 * 255 * k), wrap32(-255 * sum(int(v) for v in b[0, :, 1]))] + [wrap32(-255 * 255 * k)] * 3
+    assert out.tolist() == [[col] * 3]
+
+
+@pytest.mark.parametrize("level", qemu_q._kernels.available_levels())
+def test_gemm_kernel_offsets_out_of_bounds_rejected(level):
+    module = qemu_q._kernels.load(level).integer
+    a = np.zeros((1, 2, 3), np.int16)
+    b, base, k_off, n_off = plain_b(np.zeros((1, 3, 4), np.int16))
+    out = np.empty((1, 2, 4), np.int32)
+    config = module.GemmConfig(items=1, rows=2, depth=3, cols=4)
+    index = np.zeros(1, np.intp)
+    for bad in ((base + 1, k_off, n_off), (base, k_off + 1, n_off), (base, k_off, n_off - 1)):
+        with pytest.raises(ValueError, match="offsets reach outside b"):
+            module.gemm_s16(a, b, *bad, index, index, out, config, 1)
+
+
+@pytest.mark.parametrize("scales", [
+    (np.float32(1 / 3), np.float32(0.5), np.float32(1 / 3)),     # q = 0.5 exactly: ties at every odd acc
+    (np.float32(0.1), np.float32(0.3), np.float32(0.0075)),       # q inexact, values near 4 * acc
+    (np.float32(2.0**-20), np.float32(3.0), np.float32(1.5)),     # q = 2**-19: ties at acc = 2**18 (2k + 1)
+    (np.float32(7e-3), np.float32(9e-4), np.float32(3e-7)),
+    (np.float32(1e30), np.float32(1e8), np.float32(1e-8)),        # saturates
+])
+@pytest.mark.parametrize("zp", [0, 1, 127])
+def test_exact_rule_rows_near_ties(scales, zp):
+    # The "exact" rule's row path (one multiplier per row) against Fractions, on
+    # accumulators that land on and next to rounding midpoints.
+    sa, sb, sy = scales
+    q = Fraction(float(sa)) * Fraction(float(sb)) / Fraction(float(sy))
+    accs = set()
+    for k in range(-40, 40):
+        mid = (Fraction(2 * k + 1, 2)) / q  # the acc whose value is the midpoint k + 0.5
+        base = mid.numerator // mid.denominator
+        accs.update(v for v in range(base - 2, base + 3) if -2**31 <= v < 2**31)
+    accs.update([0, 1, -1, 2_000_000, -2_000_000, 12345, -777])
+    accs = [v for v in sorted(accs) if abs(v) <= 2_000_000][:240]
+    # acc = 127 * (sum of 130 codes) + one code: b holds 130 x 127 and one 1
+    k = 131
+    a_codes = np.zeros((len(accs), k), np.int8)
+    for row, target in enumerate(accs):
+        low = ((target + 63) % 127) - 63
+        high = (target - low) // 127
+        for col in range(130):
+            part = max(-127, min(127, high))
+            a_codes[row, col] = part
+            high -= part
+        a_codes[row, 130] = low
+    b = np.full((k, 1), 127, np.int8)
+    b[130, 0] = 1
+    acc = matmul_oracle(a_codes, b, 0, 0)
+    assert [acc[r, 0] for r in range(len(accs))] == accs
+    y = qemu_q.qlinear_matmul(a_codes, sa, np.int8(0), b, sb, np.int8(0), sy, np.uint8(zp))
+    want = [[requantize(acc[r, 0], sa, sb, sy, zp, 0, 255, "exact")] for r in range(len(accs))]
+    assert y.tolist() == want
+
+
+@pytest.mark.parametrize("scale_type", [np.float16, BF16])
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+@pytest.mark.parametrize("y_type", ["uint8", "float8e4m3fn"])
+def test_qlinear_matmul_float8_narrow_scales(scale_type, rule, y_type):
+    # float16 / bfloat16 scales: exact values for "exact" and "float32", the "float64"
+    # rule's multiplier rounded to the scale type at each step (docs/semantics.md).
+    for trial in range(4):
+        m, k, n = (int(v) for v in RNG.integers(1, 6, size=3))
+        a = operand_codes("float8e5m2", (m, k))
+        b = operand_codes("int8", (k, n))
+        a_zp, b_zp, y_zp = zero_point_of("float8e5m2"), zero_point_of("int8"), zero_point_of(y_type)
+        sa, sb, sy = (scale_type(v) for v in RNG.choice([0.3, 0.1, 3.0, 0.0625, 1.7, 0.013, 7.0], size=3))
+        got = qemu_q.qlinear_matmul(a, sa, a_zp, b, sb, b_zp, sy, y_zp, requantization=rule, opset=21)
+        want = float8_matmul_oracle(a, "float8e5m2", a_zp, b, "int8", b_zp, sa, sb, sy, y_type, y_zp, rule,
+                                    scale_type=scale_type)
+        stored = got.view(np.uint8) if y_type in F8 else got
+        assert stored.tolist() == want.tolist(), trial
+
+
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+@pytest.mark.parametrize("y_type", ["int8", "float8e4m3fn"])
+@pytest.mark.parametrize("scales", [(0.5, 0.25, 0.0), (np.inf, 0.25, 2.0), (0.5, 0.25, np.inf), (0.5, np.nan, 2.0)])
+def test_qlinear_matmul_float8_non_finite_scales(rule, y_type, scales):
+    # y_scale 0, infinite and NaN scales with float8 operands: the IEEE values of the
+    # rule's arithmetic (docs/semantics.md), never an exception.
+    a = np.array([[1.5, -2.0, 0.0], [0.0, 0.0, 0.0], [-448.0, 448.0, 3.0]], ml_dtypes.float8_e4m3fn)
+    b = np.array([[2, -1], [1, 0], [0, 5]], np.int8)
+    a_zp, b_zp, y_zp = zero_point_of("float8e4m3fn"), np.int8(0), zero_point_of(y_type)
+    sa, sb, sy = (np.float32(v) for v in scales)
+    got = qemu_q.qlinear_matmul(a, sa, a_zp, b, sb, b_zp, sy, y_zp, requantization=rule, opset=21)
+    want = float8_matmul_oracle(a, "float8e4m3fn", a_zp, b, "int8", b_zp, sa, sb, sy, y_type, y_zp, rule)
+    stored = got.view(np.uint8) if y_type in F8 else got
+    assert stored.tolist() == want.tolist()

@@ -90,3 +90,24 @@ def test_inputs_are_not_modified():
     before = b.copy()
     qemu_q.matmul_integer(a, b, U8(1), U8(2))
     np.testing.assert_array_equal(b, before)
+
+
+def test_zero_point_of_a_one_d_operand_must_be_scalar():
+    a, b = np.zeros((2, 33), np.int8), np.zeros(33, np.int8)
+    with pytest.raises(ValueError, match=r"b_zero_point has shape \(3, 3\); a 1-D b takes a scalar"):
+        qemu_q.qlinear_matmul(a, np.float32(0.5), np.int8(0), b, np.float32(0.25), np.zeros((3, 3), np.int8),
+                              np.float32(0.125), np.uint8(0), accumulator="x86-u8s8-pairs")
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((0, 5), (5, 2)), ((3, 0), (0, 2)), ((2, 0, 4), (4, 3)), ((3, 4), (4, 0))])
+@pytest.mark.parametrize("accumulator", ["int32", "x86-u8s8-pairs"])
+def test_empty_operands(a_shape, b_shape, accumulator):
+    a, b = np.zeros(a_shape, U8), np.zeros(b_shape, np.int8)
+    expected = np.matmul(np.zeros(a_shape), np.zeros(b_shape)).shape
+    acc = qemu_q.matmul_integer(a, b, accumulator=accumulator)
+    assert acc.shape == expected and acc.dtype == np.int32 and not acc.any()
+    y = qemu_q.qlinear_matmul(a, np.float32(1), U8(0), b, np.float32(1), np.int8(0), np.float32(1), U8(9),
+                              accumulator=accumulator)
+    assert y.shape == expected and (y == 9).all()
+    with pytest.raises(ValueError, match="n_threads"):
+        qemu_q.qlinear_matmul(a, np.float32(1), U8(0), b, np.float32(1), np.int8(0), np.float32(1), U8(9), n_threads=0)

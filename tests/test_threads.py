@@ -376,7 +376,8 @@ def test_streamed_large_quantize_outputs(qtype, axis, restore_kernels):
 
 @pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
 @pytest.mark.parametrize("accumulator", ["int32", "x86-u8s8-pairs"])
-def test_integer_datapath_threads(rule, accumulator):
+def test_integer_datapath_threads(rule, accumulator, restore_kernels):
+    # every thread count on the best level, and every other built level, give the same bits
     rng = np.random.default_rng(13)
     a = rng.integers(0, 256, (3, 96, 200), dtype=np.uint8)
     b = rng.integers(-128, 128, (200, 300), dtype=np.int8)
@@ -386,15 +387,24 @@ def test_integer_datapath_threads(rule, accumulator):
     w = rng.integers(-128, 128, (16, 4, 3, 3), dtype=np.int8)
     conv_args = (x, np.float32(0.05), np.uint8(3), w, np.float32(0.004), np.int8(1),
                  np.float32(0.07), np.uint8(9), rng.integers(-9999, 9999, 16).astype(np.int32))
+    # QLinearMatMul-21 with float8 operands (NaN and inf codes included) into float8
+    e4m3 = ml_dtypes.float8_e4m3fn
+    f8a = rng.integers(0, 256, (2, 40, 64), dtype=np.uint8).view(e4m3)
+    f8b = rng.integers(0, 256, (64, 50), dtype=np.uint8).view(e4m3)
+    zero8, y8 = np.zeros((), e4m3), np.zeros((), ml_dtypes.float8_e5m2)
     results = []
-    for n in (1, 2, 3, 8):
+    for level, n in [(LEVELS[0], 1), (LEVELS[0], 2), (LEVELS[0], 3), (LEVELS[0], 8)] + [(lv, 2) for lv in LEVELS[1:]]:
+        _kernels.use(level)
         results.append((
             qemu_q.matmul_integer(a, b, np.uint8(7), np.int8(-5), accumulator=accumulator, n_threads=n),
             qemu_q.qlinear_matmul(*args, requantization=rule, accumulator=accumulator, n_threads=n),
             qemu_q.conv_integer(x, w, np.uint8(3), np.int8(1), group=2, pads=[1, 0, 2, 1], n_threads=n),
             qemu_q.qlinear_conv(*conv_args, group=2, strides=[2, 1], auto_pad="SAME_LOWER",
                                 requantization=rule, accumulator=accumulator, n_threads=n),
+            qemu_q.qlinear_matmul(f8a, np.float32(0.5), zero8, f8b, np.float32(0.25), zero8, np.float32(3.0),
+                                  y8, requantization=rule, opset=21, n_threads=n),
         ))
+    _kernels.use(LEVELS[0])
     for other in results[1:]:
         for first, got in zip(results[0], other):
             assert first.dtype == got.dtype

@@ -4,11 +4,10 @@ requantization under a named rule (docs/semantics.md, "Integer datapath")."""
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import numpy as np
 
-from .. import _integer
+from .. import _dispatch
+from .._dispatch import Path
 from .._dtypes import ELEMENT_TYPES, ElementType, array_element_type
 from .._opspec import OpSpec
 from .._validate import ArraySpec
@@ -17,14 +16,6 @@ from .._threads import resolve_threads
 
 REQUANTIZATION_RULES = ("exact", "float32", "float64")
 ACCUMULATORS = ("int32", "x86-u8s8-pairs")
-
-# Every product of two codes minus their zero points has |p| <= 255 * 255 < 2**16, so a sum
-# of K products stays below K * 2**16 in magnitude and every partial sum a float64 BLAS
-# forms, in any order and with or without FMA, is an integer below 2**53 (hence exact)
-# while K <= 2**37. Longer dot products are split into chunks of that length, each exact,
-# and summed in int64 (|K| * 2**16 < 2**63 for any K numpy can hold).
-EXACT_DOUBLE_DEPTH = 2**37
-
 
 def check_choice(value, name: str, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
@@ -64,33 +55,50 @@ def int_values(array: np.ndarray, etype: ElementType) -> np.ndarray:
     return etype.code_values(array.view(etype.storage) if etype.dtype != etype.storage else array)
 
 
-def exact_products_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.matmul of integer-valued float64 operands (|a|, |b| <= 255): the exact sums as
-    float64 (below 2**53 by EXACT_DOUBLE_DEPTH), or as int64 when K needs chunks."""
-    depth = a.shape[-1]
-    if depth <= EXACT_DOUBLE_DEPTH:
-        return np.matmul(a, b)
-    total = None
-    for start in range(0, depth, EXACT_DOUBLE_DEPTH):
-        part = np.matmul(a[..., start:start + EXACT_DOUBLE_DEPTH],
-                         b[..., start:start + EXACT_DOUBLE_DEPTH, :]).astype(np.int64)
-        total = part if total is None else total + part
-    assert total is not None  # depth > EXACT_DOUBLE_DEPTH: the loop ran
-    return total.astype(np.float64)
-
-
-def wrap_to_int32(sums: np.ndarray, bias: np.ndarray | None, bias_per_row: bool,
-                  n_threads) -> np.ndarray:
-    """(sums + bias) modulo 2**32 as int32, sums a 2-D array of exact integer values."""
-    out = np.empty(sums.shape, dtype=np.int32)
-    if sums.dtype != np.float64:  # int64 sums from chunks: numpy's int32 cast wraps
-        wrapped = sums.astype(np.int32)
-        if bias is not None:
-            wrapped += bias[:, None] if bias_per_row else bias[None, :]
-        return wrapped
-    _integer.wrap_sums(np.ascontiguousarray(sums), bias, bias_per_row, out,
-                       resolve_threads(n_threads, sums.size))
+def exact_gemm(a: np.ndarray, b: np.ndarray, b_base: np.ndarray, k_offsets: np.ndarray,
+               n_offsets: np.ndarray, a_index: np.ndarray, b_index: np.ndarray,
+               n_threads) -> np.ndarray:
+    """The exact int32 GEMM of the integer datapath (pyx/_integer.pyx, gemm_s16): a int16
+    [A, M, K] and b a flat int16 array (8-bit codes minus their zero points, |v| <= 255)
+    holding B operands B(i)[k, n] = b[b_base[i] + k_offsets[k] + n_offsets[n]];
+    out[t] = a[a_index[t]] @ B(b_index[t]) with exact products and int32 sums wrapping
+    modulo 2**32, int32 [len(a_index), M, N]."""
+    a = np.ascontiguousarray(a, dtype=np.int16)
+    items, (rows, depth), cols = len(a_index), a.shape[1:], len(n_offsets)
+    out = np.empty((items, rows, cols), dtype=np.int32)
+    module = _dispatch.entry_module(Path.INTEGER_GEMM)
+    config = module.GemmConfig(items=items, rows=rows, depth=depth, cols=cols)
+    intp = np.intp
+    _dispatch.run(Path.INTEGER_GEMM, a, np.ascontiguousarray(b, dtype=np.int16).reshape(-1),
+                  np.ascontiguousarray(b_base, dtype=intp), np.ascontiguousarray(k_offsets, dtype=intp),
+                  np.ascontiguousarray(n_offsets, dtype=intp), np.ascontiguousarray(a_index, dtype=intp),
+                  np.ascontiguousarray(b_index, dtype=intp), out, config,
+                  resolve_threads(n_threads, out.size * max(1, depth)))
     return out
+
+
+def exact_matmul(a: np.ndarray, b: np.ndarray, a_index: np.ndarray, b_index: np.ndarray,
+                 n_threads) -> np.ndarray:
+    """exact_gemm of a int16 [A, M, K] by b int16 [B, K, N] (contiguous matrices)."""
+    b = np.ascontiguousarray(b, dtype=np.int16)
+    count, depth, cols = b.shape
+    return exact_gemm(a, b, np.arange(count, dtype=np.intp) * depth * cols,
+                      np.arange(depth, dtype=np.intp) * cols, np.arange(cols, dtype=np.intp),
+                      a_index, b_index, n_threads)
+
+
+def flatten_leading(array: np.ndarray, *tail: int) -> np.ndarray:
+    """array [..., *tail] as [count, *tail] (reshape(-1, ...) cannot infer count when a
+    tail dimension is 0)."""
+    count = int(np.prod(array.shape[:array.ndim - len(tail)], dtype=np.int64))
+    return array.reshape((count,) + tuple(tail))
+
+
+def item_index(operand_batch: tuple, batch: tuple) -> np.ndarray:
+    """For each item of the broadcast batch shape, the index of the operand's own item
+    (numpy matmul broadcasting: operand_batch broadcasts to batch)."""
+    count = int(np.prod(operand_batch, dtype=np.int64))
+    return np.broadcast_to(np.arange(count, dtype=np.intp).reshape(operand_batch), batch).reshape(-1)
 
 
 def wrap_int64(values: np.ndarray) -> np.ndarray:
@@ -101,8 +109,8 @@ def pair_sums(a_raw: np.ndarray, b_raw_t: np.ndarray, n_threads) -> np.ndarray:
     """The VPMADDUBSW model on raw codes: a_raw uint8 [batch, rows, K], b_raw_t int8
     [batch, cols, K]; int32 [batch, rows, cols]."""
     out = np.empty((a_raw.shape[0], a_raw.shape[1], b_raw_t.shape[1]), dtype=np.int32)
-    _integer.pair_sums_u8s8(np.ascontiguousarray(a_raw), np.ascontiguousarray(b_raw_t), out,
-                            resolve_threads(n_threads, out.size * max(1, a_raw.shape[2])))
+    _dispatch.run(Path.PAIR_SUMS, np.ascontiguousarray(a_raw), np.ascontiguousarray(b_raw_t), out,
+                  resolve_threads(n_threads, out.size * max(1, a_raw.shape[2])))
     return out
 
 
@@ -145,16 +153,17 @@ def requantize(acc: np.ndarray, row_scale: np.ndarray, col_scale: np.ndarray, y_
     threads = resolve_threads(n_threads, acc.size)
     row_scale = np.ascontiguousarray(row_scale, dtype=np.float32)
     col_scale = np.ascontiguousarray(col_scale, dtype=np.float32)
+    module = _dispatch.entry_module(Path.REQUANTIZE)
     if y_type.kind == "small_float":
-        config = _integer.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=True)
+        config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=True)
         values = np.empty(acc.shape, dtype=np.float32)
-        _integer.requantize(acc, row_scale, col_scale, np.float32(y_scale), values, config, threads)
+        _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), values, config, threads)
         return encode_float8(values, y_zero_point, opset)
     zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
-    config = _integer.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=False,
-                                       zero_point=zero_point, lo=y_type.lo, hi=y_type.hi)
+    config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=False,
+                                     zero_point=zero_point, lo=y_type.lo, hi=y_type.hi)
     codes = np.empty(acc.shape, dtype=np.uint8)
-    _integer.requantize(acc, row_scale, col_scale, np.float32(y_scale), codes, config, threads)
+    _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), codes, config, threads)
     return codes.view(y_type.dtype)
 
 
@@ -168,131 +177,58 @@ def encode_float8(values: np.ndarray, y_zero_point: np.ndarray, opset) -> np.nda
     return quantize_linear(values, np.float32(1.0), zero_point, saturate=1, opset=opset)
 
 
-# --- exact sums of float8 values (QLinearMatMul-21) --------------------------------------
+# --- QLinearMatMul-21 with a float8 operand ------------------------------------------------
 
-def fixed_point_values(values: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
-    """Finite float64 values as int64 integers times 2**-shift, and the mask of the
-    non-finite positions (their integer is 0). Every operand value here (a float8 value,
-    or an integer code minus its zero point) has at most 9 significant bits and |v| < 2**16,
-    so with the smallest exponent e (v = m * 2**e, 0.5 <= m < 1) each value is a multiple
-    of 2**(e - 9) and the scaled integers stay below 2**(16 + 9 - e) <= 2**43."""
-    finite = np.isfinite(values)
-    clean = np.where(finite, values, 0.0)
-    nonzero = clean[clean != 0.0]
-    if nonzero.size == 0:
-        return np.zeros(values.shape, dtype=np.int64), 0, ~finite
-    _, exponents = np.frexp(nonzero)
-    shift = max(0, 9 - int(exponents.min()))
-    return np.ldexp(clean, shift).astype(np.int64), shift, ~finite
+def fraction_bits(etype: ElementType) -> int:
+    """F such that every finite value of the operand type is an integer multiple of 2**-F:
+    minus the exponent of a float8 type's smallest subnormal; 0 for integer codes."""
+    if etype.kind != "small_float":
+        return 0
+    import ml_dtypes
+
+    return -int(np.frexp(float(ml_dtypes.finfo(etype.dtype).smallest_subnormal))[1]) + 1
 
 
-def exact_float_sums(a_values: np.ndarray, b_values: np.ndarray):
-    """The exact sums of products of two float64 operand stacks whose finite values are
-    dyadic (float8 values, or integers): (numerators as a Python-int object array, the
-    power of two they are scaled by, and the IEEE float64 matmul for outputs that meet a
-    non-finite value, NaN elsewhere)."""
-    a_int, a_shift, a_special = fixed_point_values(a_values)
-    b_int, b_shift, b_special = fixed_point_values(b_values)
-    sums = np.matmul(a_int.astype(object), b_int.astype(object))
-    special = np.matmul(a_special.astype(np.int64), np.ones(b_values.shape[-2:], np.int64)) + \
-        np.matmul(np.ones(a_values.shape[-2:], np.int64), b_special.astype(np.int64))
-    with np.errstate(all="ignore"):
-        ieee = np.matmul(a_values, b_values)
-    return sums, a_shift + b_shift, special > 0, ieee
-
-
-def fraction_to_odd_double(value: Fraction) -> float:
-    """value rounded to odd with 53 bits, as a float (any later rounding to at most 51 bits
-    is then the correct rounding of value)."""
-    if value == 0:
-        return 0.0
-    sign = -1.0 if value < 0 else 1.0
-    num, den = abs(value.numerator), value.denominator
-    shift = 53 + den.bit_length() - num.bit_length()
-    if shift >= 0:
-        q, r = divmod(num << shift, den)
-    else:
-        q, r = divmod(num, den << -shift)
-    sticky = r != 0
-    if q >> 53:
-        sticky = sticky or bool(q & 1)
-        q >>= 1
-        shift -= 1
-    q |= int(sticky)
-    try:
-        return sign * float(Fraction(q) / Fraction(2) ** shift)
-    except OverflowError:
-        return sign * float("inf")
-
-
-def float_to_odd_float32(v: float) -> np.float32:
-    """A double as a float32 rounded to odd (ties then never fall on a float8 midpoint)."""
-    f32 = np.finfo(np.float32)
-    if not np.isfinite(v):
-        return np.float32(v)
-    if abs(v) > float(f32.max):
-        return np.float32(np.copysign(f32.max, v))
-    if v != 0.0 and abs(v) < 2.0**-126:
-        return np.float32(np.copysign(2.0**-126, v))
-    f = np.float32(v)
-    if float(f) == v:
-        return f
-    if abs(float(f)) > abs(v):
-        f = np.nextafter(f, np.float32(0.0))
-    return (np.asarray(f).view(np.uint32) | np.uint32(1)).view(np.float32)[()]
-
-
-def requantize_exact_sums(sums, shift: int, special, ieee, row_scale, col_scale, y_scale,
-                          y_zero_point, y_type: ElementType, scale_type: ElementType,
-                          rule: str, opset) -> np.ndarray:
-    """QLinearMatMul-21 with float8 operands: each exact sum S (sums * 2**-shift) through
-    the output rule (docs/semantics.md). Python arithmetic: exact, not fast."""
-    rows, cols = sums.shape
+def float_matmul_requantize(a_values: np.ndarray, a_bits: int, bt_values: np.ndarray, b_bits: int,
+                            a_index: np.ndarray, b_index: np.ndarray, row_scale: np.ndarray,
+                            col_scale: np.ndarray, y_scale, y_zero_point: np.ndarray,
+                            y_type: ElementType, scale_type: ElementType, rule: str, opset,
+                            n_threads) -> np.ndarray:
+    """QLinearMatMul-21 with a float8 operand (docs/semantics.md): a_values float64
+    [A, M, K] and bt_values float64 [B, N, K] (b transposed), the operands' exact values,
+    multiples of 2**-a_bits and 2**-b_bits (fraction_bits); each output's exact sum S (or
+    the IEEE sum where a NaN or an infinity takes part) through the rule, in the kernel.
+    Returns y [len(a_index) * M, N]."""
+    a_values = np.ascontiguousarray(a_values, dtype=np.float64)
+    bt_values = np.ascontiguousarray(bt_values, dtype=np.float64)
+    a_finite, b_finite = np.isfinite(a_values), np.isfinite(bt_values)
+    # exact: each finite value times 2**bits is an integer below 2**34
+    a_fixed = np.ldexp(np.where(a_finite, a_values, 0.0), a_bits).astype(np.int64)
+    bt_fixed = np.ldexp(np.where(b_finite, bt_values, 0.0), b_bits).astype(np.int64)
+    row_special = np.ascontiguousarray(~a_finite.all(axis=2), dtype=np.uint8)
+    col_special = np.ascontiguousarray(~b_finite.all(axis=2), dtype=np.uint8)
+    items, rows, cols = len(a_index), a_values.shape[1], bt_values.shape[1]
+    row_scale = np.ascontiguousarray(row_scale, dtype=np.float32)
+    col_scale = np.ascontiguousarray(col_scale, dtype=np.float32).reshape(items, cols)
+    threads = resolve_threads(n_threads, items * rows * cols * max(1, a_values.shape[2]))
+    module = _dispatch.entry_module(Path.FLOAT_MATMUL)
     float_out = y_type.kind == "small_float"
-    values = np.empty((rows, cols), dtype=np.float32 if float_out else np.float64)
-    zero_point = 0 if float_out else int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
-    unit = Fraction(1, 2**shift)
-    for r in range(rows):
-        for c in range(cols):
-            sa, sb, sy = float(row_scale[r]), float(col_scale[c]), float(y_scale)
-            exact: Fraction | None = None
-            s_value = 0.0  # read only where exact is None
-            if special[r, c]:
-                s_value = float(ieee[r, c])
-            else:
-                exact = sums[r, c] * unit
-            if rule == "exact":
-                if exact is not None and all(np.isfinite([sa, sb, sy])) and sy != 0.0:
-                    real = exact * Fraction(sa) * Fraction(sb) / Fraction(sy)
-                    if float_out:
-                        values[r, c] = float_to_odd_float32(fraction_to_odd_double(real))
-                    else:
-                        values[r, c] = float(min(max(round(real), -2**40), 2**40))
-                    continue
-                with np.errstate(all="ignore"):
-                    v = (float(exact) if exact is not None else s_value) * sa * sb / sy
-                values[r, c] = v if float_out else v
-                continue
-            acc = s_value if exact is None else fraction_to_odd_double(exact)
-            with np.errstate(all="ignore"):
-                if rule == "float32":
-                    m = np.float32(np.float32(np.float32(sa) * np.float32(sb)) / np.float32(sy))
-                    v = np.float32(np.float32(acc) * m)
-                    values[r, c] = v if float_out else np.rint(v)
-                else:
-                    t = scale_type.dtype.type
-                    m = float(t(t(sa) * t(sb)) / t(sy))
-                    d = float(acc) * m
-                    values[r, c] = float_to_odd_float32(d) if float_out else d + zero_point
     if float_out:
-        return encode_float8(values, y_zero_point, opset)
-    if rule == "float64":
-        rounded = np.rint(values)
+        config = module.FloatMatmulConfig(rule=rule, scale_format=scale_type.name, float_output=True,
+                                          shift=a_bits + b_bits)
+        out = np.empty((items * rows, cols), dtype=np.float32)
     else:
-        rounded = values + zero_point
-    lo, hi = float(y_type.lo or 0), float(y_type.hi or 0)
-    codes = np.where(np.isnan(rounded), lo, np.clip(np.nan_to_num(rounded, nan=lo), lo, hi))
-    return codes.astype(np.int64).astype(y_type.dtype)
+        zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
+        config = module.FloatMatmulConfig(rule=rule, scale_format=scale_type.name, float_output=False,
+                                          shift=a_bits + b_bits, zero_point=zero_point,
+                                          lo=y_type.lo, hi=y_type.hi)
+        out = np.empty((items * rows, cols), dtype=np.uint8)
+    _dispatch.run(Path.FLOAT_MATMUL, a_fixed, bt_fixed, a_values, bt_values, row_special, col_special,
+                  np.ascontiguousarray(a_index, dtype=np.intp), np.ascontiguousarray(b_index, dtype=np.intp),
+                  row_scale, col_scale, np.float32(y_scale), out, config, threads)
+    if float_out:
+        return encode_float8(out, y_zero_point, opset)
+    return out.view(y_type.dtype)
 
 
 def where_label(spec: OpSpec, opset) -> str:

@@ -1,5 +1,5 @@
 """ConvInteger-10 and QLinearConv-10: the ONNX Conv geometry (1-D to 3-D, auto_pad, pads,
-strides, dilations, group), exact int32 accumulation by im2col and a float64 GEMM, the
+strides, dilations, group), exact int32 accumulation by im2col and the integer GEMM, the
 bias in the accumulator, and QLinearConv's requantization rules."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
 from .._registry import register
 from .._rules import integer_datapath_output_type, label
-from .._threads import in_default_fp_environment
+from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array
 from .._validate import ArraySpec, cached_plan, signature
 from . import _datapath as dp
@@ -144,6 +144,16 @@ def _windows(padded: np.ndarray, plan: ConvPlan) -> np.ndarray:
     return view[index]
 
 
+def _pad_values(values: np.ndarray, plan: ConvPlan) -> np.ndarray:
+    """values (C-contiguous) inside a zero border of the plan's pads, contiguous."""
+    if not any(plan.pads_begin) and not any(plan.pads_end):
+        return np.ascontiguousarray(values)
+    shape = values.shape[:2] + tuple(s + b + e for s, b, e in zip(values.shape[2:], plan.pads_begin, plan.pads_end))
+    padded = np.zeros(shape, dtype=values.dtype)
+    padded[(slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(plan.pads_begin, values.shape[2:]))] = values
+    return padded
+
+
 def _pad(values: np.ndarray, plan: ConvPlan, fill) -> np.ndarray:
     width = [(0, 0), (0, 0)] + list(zip(plan.pads_begin, plan.pads_end))
     if not any(b or e for b, e in width):
@@ -160,9 +170,8 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
     positions = int(np.prod(plan.out_spatial))
     x_zp_value = 0 if x_zp is None else int(dp.int_values(np.asarray(x_zp).reshape(-1), plan.x_type)[0])
     w_zp_values = (np.zeros(plan.out_channels, np.int64) if w_zp is None else
-                   np.broadcast_to(dp.int_values(np.asarray(w_zp).reshape(-1), plan.w_type), (plan.out_channels,)))
-    out_axes = tuple(range(2, 2 + rank))
-    kernel_axes = tuple(range(2 + rank, 2 + 2 * rank))
+                   np.broadcast_to(dp.int_values(np.asarray(w_zp).reshape(-1), plan.w_type).astype(np.int64),
+                                   (plan.out_channels,)))
     if plan.pairs:
         # Raw codes in NHWC order (kernel position outer, channel inner), padded with the
         # zero point's code: the order VPMADDUBSW pairs channels in.
@@ -172,28 +181,47 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
         cols = np.ascontiguousarray(np.moveaxis(win, 2, -1)).reshape(plan.batch * groups, positions, taps * c_g)
         w_raw = w.view(np.int8).reshape((groups, m_g, c_g) + plan.kernel)
         w_cols = np.ascontiguousarray(np.moveaxis(w_raw, 2, -1)).reshape(groups, m_g, taps * c_g)
-        w_cols = np.broadcast_to(w_cols, (plan.batch, groups, m_g, taps * c_g)).reshape(-1, m_g, taps * c_g)
+        w_cols = dp.flatten_leading(np.broadcast_to(w_cols, (plan.batch, groups, m_g, taps * c_g)), m_g, taps * c_g)
         raw = dp.pair_sums(cols, w_cols, n_threads).astype(np.int64)  # [N*G, L, Mg]
         depth = taps * c_g
         window_sums = cols.astype(np.int64).sum(axis=2)[:, :, None]                # [N*G, L, 1]
         weight_sums = w_cols.astype(np.int64).sum(axis=2)[:, None, :]              # [N*G, 1, Mg]
-        w_zp_g = np.broadcast_to(w_zp_values.reshape(groups, m_g), (plan.batch, groups, m_g)).reshape(-1, 1, m_g)
+        w_zp_g = dp.flatten_leading(np.broadcast_to(w_zp_values.reshape(groups, m_g), (plan.batch, groups, m_g)), m_g)[:, None, :]
         acc = raw - x_zp_value * weight_sums - w_zp_g * window_sums + depth * x_zp_value * w_zp_g
         acc = np.swapaxes(acc, 1, 2).reshape(plan.batch, plan.out_channels, positions)
         if bias is not None:
             acc = acc + bias.astype(np.int64)[None, :, None]
         return dp.wrap_int64(acc)
-    x_vals = dp.int_values(x, plan.x_type).astype(np.float64) - x_zp_value
-    padded = _pad(x_vals, plan, 0.0)  # a padded element is the zero point: 0 after subtraction
-    win = _windows(padded, plan)
-    order = (0, 1) + kernel_axes + out_axes
-    columns = np.ascontiguousarray(np.transpose(win, order)).reshape(plan.batch, groups, c_g * taps, positions)
-    w_vals = dp.int_values(w, plan.w_type).astype(np.float64) - w_zp_values.reshape((-1,) + (1,) * (rank + 1))
+    # 8-bit codes minus their zero points lie in [-255, 255]: exact in int16
+    x_vals = dp.int_values(x, plan.x_type).astype(np.int16) - np.int16(x_zp_value)
+    padded = _pad_values(x_vals, plan)  # a padded element is the zero point: 0 after subtraction
+    # im2col in place: the GEMM reads column (c, taps) x position (outputs) of image n,
+    # group g at b_base[n, g] + k_offsets[c, taps] + n_offsets[outputs] of the padded
+    # image, so the columns matrix is never written out.
+    element_strides = [stride // padded.itemsize for stride in padded.strides]
+    spatial_strides = element_strides[2:]
+    k_offsets = np.arange(c_g, dtype=np.intp).reshape((c_g,) + (1,) * rank) * element_strides[1]
+    n_offsets = np.zeros((1,) * rank, dtype=np.intp)
+    for i in range(rank):
+        shape = [1] * rank
+        shape[i] = -1
+        k_offsets = k_offsets + (np.arange(plan.kernel[i], dtype=np.intp) * plan.dilations[i]
+                                 * spatial_strides[i]).reshape([1] + shape)
+        n_offsets = n_offsets + (np.arange(plan.out_spatial[i], dtype=np.intp) * plan.strides[i]
+                                 * spatial_strides[i]).reshape(shape)
+    b_base = (np.arange(plan.batch, dtype=np.intp)[:, None] * element_strides[0]
+              + np.arange(groups, dtype=np.intp)[None, :] * c_g * element_strides[1]).reshape(-1)
+    w_vals = dp.int_values(w, plan.w_type).astype(np.int16) - \
+        w_zp_values.astype(np.int16).reshape((-1,) + (1,) * (rank + 1))
     w_mat = w_vals.reshape(groups, m_g, c_g * taps)
-    grouped = dp.exact_products_sum(w_mat[None], columns)  # [N, G, Mg, L]
-    sums = grouped.reshape(plan.batch * plan.out_channels, positions)
-    row_bias = None if bias is None else np.ascontiguousarray(np.tile(bias.astype(np.int32), plan.batch))
-    return dp.wrap_to_int32(sums, row_bias, True, n_threads).reshape(plan.batch, plan.out_channels, positions)
+    # one GEMM item per (image, group): that group's filters times its columns
+    acc = dp.exact_gemm(w_mat, padded, b_base, k_offsets.reshape(-1), n_offsets.reshape(-1),
+                        np.tile(np.arange(groups, dtype=np.intp), plan.batch),
+                        np.arange(plan.batch * groups, dtype=np.intp), n_threads)
+    acc = acc.reshape(plan.batch, plan.out_channels, positions)
+    if bias is not None:
+        acc += bias.astype(np.int32)[None, :, None]  # int32 arrays add modulo 2**32
+    return acc
 
 
 def _conv_plan(op_type, opset, x, w, x_zp, w_zp, auto_pad, dilations, group, kernel_shape, pads,
@@ -227,6 +255,7 @@ def conv_integer(x: Array, w: Array, x_zero_point: Array | None = None,
     """ONNX ConvInteger-10: int32 convolution of (x - x_zero_point) and (w - w_zero_point),
     exact products, sums wrapped modulo 2**32; padding carries the zero point. The
     "x86-u8s8-pairs" accumulator changes nothing here (docs/semantics.md)."""
+    resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
     x = _coerce.as_array(x, "x")
@@ -249,6 +278,7 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     """ONNX QLinearConv-10: the ConvInteger accumulator plus the int32 bias B, requantized by
     `requantization` ("exact", the default; "float32": onnxruntime; "float64":
     onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md)."""
+    resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(
         x=x, x_scale=x_scale, x_zero_point=x_zero_point, w=w, w_scale=w_scale,
@@ -277,7 +307,7 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     w_scales = np.broadcast_to(dp.scale_values(w_scale, where, "w_scale").reshape(-1), (plan.out_channels,))
     row_scale = np.tile(w_scales, plan.batch)
     col_scale = np.full(positions, np.float32(dp.scale_values(x_scale, where, "x_scale").reshape(-1)[0]), np.float32)
-    y = dp.requantize(acc.reshape(-1, positions), row_scale, col_scale,
+    y = dp.requantize(dp.flatten_leading(acc, positions), row_scale, col_scale,
                       np.float32(y_scale.reshape(-1)[0]), y_zero_point, y_type, dp.ELEMENT_TYPES["float"],
                       rule, opset, n_threads)
     return _finish(plan, y, y_type, out, named + [("B", B)])

@@ -13,7 +13,7 @@ from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
 from .._registry import register
 from .._rules import integer_datapath_output_type, label
-from .._threads import in_default_fp_environment
+from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array
 from .._validate import ArraySpec, cached_plan, signature
 from . import _datapath as dp
@@ -39,6 +39,10 @@ def _zero_point_shape(where, name, shape, operand_shape, per_row: bool):
     a, [..., K, N] for b): per tensor, per row of a / per column of b, or batched."""
     if dp.is_scalar_shape(shape):
         return ()
+    operand = "a" if per_row else "b"
+    if len(operand_shape) < 2:
+        raise ValueError(f"{where}: {name} has shape {shape}; a 1-D {operand} takes a scalar zero point "
+                         f"and scale only (() or (1,))")
     rows_or_cols = operand_shape[-2] if per_row else operand_shape[-1]
     kind = "per-row [M] or [..., M, 1]" if per_row else "per-column [N] or [..., 1, N]"
     if len(operand_shape) >= 2:
@@ -50,7 +54,6 @@ def _zero_point_shape(where, name, shape, operand_shape, per_row: bool):
             head = shape[:-2]
             if all(h in (1, d) for h, d in zip(head[::-1], batch[::-1])):
                 return shape
-    operand = "a" if per_row else "b"
     raise ValueError(
         f"{where}: {name} has shape {shape}; allowed: a scalar (() or (1,)) or {kind} of {operand} "
         f"(shape {operand_shape})"
@@ -111,7 +114,9 @@ def _operands(plan: MatmulPlan, a, b):
 def _zp_array(zp, shape, etype):
     if zp is None:
         return np.zeros((), dtype=np.int64)
-    values = dp.int_values(np.asarray(zp), etype) if etype.kind == "integer" else np.asarray(zp, np.float64)
+    # int64: the zero point enters sums and products with Python ints (uint8 would overflow)
+    values = dp.int_values(np.asarray(zp), etype).astype(np.int64) if etype.kind == "integer" \
+        else np.asarray(zp, np.float64)
     return values.reshape(shape)
 
 
@@ -121,20 +126,22 @@ def _accumulate(plan: MatmulPlan, a, b, a_zp, b_zp, n_threads) -> np.ndarray:
     b_zp_b = _zp_array(b_zp, plan.b_zp_shape or (), plan.b_type)
     m, k, n = plan.rows, plan.depth, plan.cols
     if plan.pairs:
-        a_full = np.broadcast_to(a.view(np.uint8), plan.batch + (m, k)).reshape(-1, m, k)
-        b_full = np.broadcast_to(b.view(np.int8), plan.batch + (k, n)).reshape(-1, k, n)
+        a_full = dp.flatten_leading(np.broadcast_to(a.view(np.uint8), plan.batch + (m, k)), m, k)
+        b_full = dp.flatten_leading(np.broadcast_to(b.view(np.int8), plan.batch + (k, n)), k, n)
         raw = dp.pair_sums(a_full, np.swapaxes(b_full, 1, 2), n_threads).astype(np.int64)
-        a_zp_full = np.broadcast_to(a_zp_b, plan.batch + (m, 1)).reshape(-1, m, 1)
-        b_zp_full = np.broadcast_to(b_zp_b, plan.batch + (1, n)).reshape(-1, 1, n)
+        a_zp_full = dp.flatten_leading(np.broadcast_to(a_zp_b, plan.batch + (m, 1)), m, 1)
+        b_zp_full = dp.flatten_leading(np.broadcast_to(b_zp_b, plan.batch + (1, n)), 1, n)
         row_sums = a_full.astype(np.int64).sum(axis=2, keepdims=True)
         col_sums = b_full.astype(np.int64).sum(axis=1, keepdims=True)
         acc = raw - a_zp_full * col_sums - b_zp_full * row_sums + k * a_zp_full * b_zp_full
         return dp.wrap_int64(acc).reshape(plan.batch + (m, n))
-    a_vals = dp.int_values(a, plan.a_type).astype(np.float64) - a_zp_b
-    b_vals = dp.int_values(b, plan.b_type).astype(np.float64) - b_zp_b
-    sums = dp.exact_products_sum(a_vals, b_vals)
-    sums = np.broadcast_to(sums, plan.batch + (m, n)).reshape(-1, n)
-    return dp.wrap_to_int32(sums, None, False, n_threads).reshape(plan.batch + (m, n))
+    # 8-bit codes minus their zero points lie in [-255, 255]: exact in int16
+    a_vals = dp.int_values(a, plan.a_type).astype(np.int16) - a_zp_b.astype(np.int16)
+    b_vals = dp.int_values(b, plan.b_type).astype(np.int16) - b_zp_b.astype(np.int16)
+    acc = dp.exact_matmul(dp.flatten_leading(a_vals, m, k), dp.flatten_leading(b_vals, k, n),
+                        dp.item_index(a_vals.shape[:-2], plan.batch),
+                        dp.item_index(b_vals.shape[:-2], plan.batch), n_threads)
+    return acc.reshape(plan.batch + (m, n))
 
 
 def _finish(plan: MatmulPlan, result: np.ndarray, out, inputs) -> np.ndarray:
@@ -162,6 +169,7 @@ def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None,
     """ONNX MatMulInteger-10: int32 (a - a_zero_point) @ (b - b_zero_point), numpy.matmul
     broadcasting, exact products, the sum wrapped modulo 2**32 (docs/semantics.md).
     `accumulator="x86-u8s8-pairs"` models onnxruntime's VPMADDUBSW (uint8 a, int8 b)."""
+    resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
     a = _coerce.as_array(a, "A")
@@ -186,6 +194,7 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     "exact" (the real value rounded once, ties to even; the default), "float32"
     (onnxruntime's float32 multiplier and product), "float64" (onnx.reference's order).
     float8 operands (opset >= 21) are summed exactly (docs/semantics.md)."""
+    resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(
         a=a, a_scale=a_scale, a_zero_point=a_zero_point, b=b, b_scale=b_scale,
@@ -216,26 +225,25 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     m, n = plan.rows, plan.cols
     row_scale = np.broadcast_to(dp.scale_values(a_scale, where, "a_scale").reshape(plan.a_zp_shape or ()),
                                 plan.batch + (m, 1)).reshape(-1)
-    col_scale_full = np.broadcast_to(dp.scale_values(b_scale, where, "b_scale").reshape(plan.b_zp_shape or ()),
-                                     plan.batch + (1, n)).reshape(-1, n)
+    col_scale_full = dp.flatten_leading(np.broadcast_to(
+        dp.scale_values(b_scale, where, "b_scale").reshape(plan.b_zp_shape or ()), plan.batch + (1, n)), n)
     y_scale_value = np.float32(dp.scale_values(y_scale, where, "y_scale").reshape(-1)[0])
-    items = max(1, int(np.prod(plan.batch)))
+    items = int(np.prod(plan.batch, dtype=np.int64))
+    if items == 0 or m == 0 or n == 0:
+        return _finish(plan, np.zeros(plan.batch + (m, n), dtype=y_type.dtype), out, named)
     if plan.a_type.kind == "small_float" or plan.b_type.kind == "small_float":
         a_vals = _float_values(a3, plan.a_type, a_zero_point, plan.a_zp_shape)
         b_vals = _float_values(b3, plan.b_type, b_zero_point, plan.b_zp_shape)
-        a_full = np.broadcast_to(a_vals, plan.batch + (m, plan.depth)).reshape(-1, m, plan.depth)
-        b_full = np.broadcast_to(b_vals, plan.batch + (plan.depth, n)).reshape(-1, plan.depth, n)
-        parts = []
-        for item in range(a_full.shape[0]):
-            sums, shift, special, ieee = dp.exact_float_sums(a_full[item], b_full[item])
-            parts.append(dp.requantize_exact_sums(
-                sums, shift, special, ieee, row_scale[item * m:(item + 1) * m], col_scale_full[item],
-                y_scale_value, y_zero_point, y_type, scale_type, rule, opset))
-        y = np.stack(parts) if parts else np.empty((0, m, n), dtype=y_type.dtype)
+        y = dp.float_matmul_requantize(
+            dp.flatten_leading(a_vals, m, plan.depth), dp.fraction_bits(plan.a_type),
+            np.swapaxes(dp.flatten_leading(b_vals, plan.depth, n), 1, 2), dp.fraction_bits(plan.b_type),
+            dp.item_index(a_vals.shape[:-2], plan.batch), dp.item_index(b_vals.shape[:-2], plan.batch),
+            row_scale, col_scale_full, y_scale_value, y_zero_point, y_type, scale_type, rule, opset,
+            n_threads).reshape(plan.batch + (m, n))
     else:
-        acc = _accumulate(plan, a3, b3, a_zero_point, b_zero_point, n_threads).reshape(-1, n)
+        acc = dp.flatten_leading(_accumulate(plan, a3, b3, a_zero_point, b_zero_point, n_threads), n)
         if np.all(col_scale_full == col_scale_full[:1]) or items == 1:
-            y = dp.requantize(acc, row_scale, col_scale_full[0] if items else np.ones(n, np.float32),
+            y = dp.requantize(acc, row_scale, col_scale_full[0],
                               y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads)
         else:
             # a batched per-column b_scale: one call per batch item
