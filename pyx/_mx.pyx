@@ -113,20 +113,27 @@ cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t
     cdef bint int8 = p.int8
     cdef Py_ssize_t inner = p.inner
     cdef const float* x = w.x
-    if p.inner == 1:
+    cdef MXElement element = p.element
+    cdef int rule = p.rule
+    cdef Py_ssize_t block_size = p.block_size
+    cdef Py_ssize_t axis_len = p.axis_len
+    cdef Py_ssize_t n_blocks = p.n_blocks
+    cdef uint8_t* scales = w.scales
+    if inner == 1:
         # Consecutive groups of the innermost axis are consecutive runs of x: one division
-        # for the task, none per block.
-        o = g0 // p.n_blocks
-        b = g0 - o * p.n_blocks
-        start = o * p.axis_len + b * p.block_size
+        # for the task, none per block; the plan's fields are in locals, since the stores
+        # through uint8_t pointers may alias the plan.
+        o = g0 // n_blocks
+        b = g0 - o * n_blocks
+        start = o * axis_len + b * block_size
         for g in range(g0, g1):
-            rows = min(p.block_size, p.axis_len - b * p.block_size)
-            code = mx_scale_code(block_amax(w.x + start, rows), p.rule, &p.element)
-            w.scales[g] = <uint8_t>code
-            encode_run(w.x + start, out + (start - out_base), rows, code, p)
+            rows = min(block_size, axis_len - b * block_size)
+            code = mx_scale_code(block_amax(x + start, rows), rule, &element)
+            scales[g] = <uint8_t>code
+            encode_run(x + start, out + (start - out_base), rows, code, p)
             start += rows
             b += 1
-            if b == p.n_blocks:
+            if b == n_blocks:
                 b = 0
         return
     for g in range(g0, g1):
