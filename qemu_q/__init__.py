@@ -10,6 +10,7 @@ from ._opspec import NEWEST_OPSET, OP_VERSIONS, FormalParameter, OpSpec, get_spe
 from ._pack import pack, unpack
 from .ops import cast, cast_like, dequantize_linear, dynamic_quantize_linear, quantize_linear
 from .ops import conv_integer, matmul_integer, qlinear_conv, qlinear_matmul
+from .ops import quantize_multiplier, requantize
 from ._parallel import openmp_compiled as _openmp_compiled
 from ._onnx_plugin import onnx_ops
 from ._registry import run_op
@@ -26,6 +27,7 @@ __all__ = [
     "run_op", "set_num_threads", "unpack", "VerifyReport", "verify",
     "__version__",
     "matmul_integer", "conv_integer", "qlinear_matmul", "qlinear_conv",
+    "quantize_multiplier", "requantize",
 ]
 
 

@@ -26,6 +26,7 @@ class Path(Enum):
     PACK = "pack"
     UNPACK = "unpack"
     CAST = "cast"
+    REQUANTIZE = "requantize"            # integer-only fixed-point requantization
 
 
 # path -> (kernel family in qemu_q._kernels.KernelSet, or None for the level-independent
@@ -38,6 +39,7 @@ KERNEL_ENTRIES = {
     Path.PACK: (None, "pack"),
     Path.UNPACK: (None, "unpack"),
     Path.CAST: ("cast", "cast"),
+    Path.REQUANTIZE: ("requantize", "requantize"),
 }
 
 # False forces the kernels' general scalar paths (the tests compare both); read when a

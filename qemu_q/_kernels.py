@@ -29,6 +29,7 @@ class KernelSet:
     quantize: ModuleType
     dequantize: ModuleType
     cast: ModuleType
+    requantize: ModuleType
 
 
 def _suffix(level: str) -> str:
@@ -55,6 +56,7 @@ def load(level: str) -> KernelSet:
         importlib.import_module(f"qemu_q._quantize{suffix}"),
         importlib.import_module(f"qemu_q._dequantize{suffix}"),
         importlib.import_module(f"qemu_q._cast{suffix}"),
+        importlib.import_module(f"qemu_q._requantize{suffix}"),
     )
 
 

@@ -7,6 +7,8 @@ from .dynamic_quantize_linear import dynamic_quantize_linear
 from .quantize_linear import quantize_linear
 from .matmul_integer import matmul_integer, qlinear_matmul
 from .conv_integer import conv_integer, qlinear_conv
+from .requantize import quantize_multiplier, requantize
 
 __all__ = ["cast", "cast_like", "dequantize_linear", "dynamic_quantize_linear", "quantize_linear",
-           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv"]
+           "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv",
+           "quantize_multiplier", "requantize"]
