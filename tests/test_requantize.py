@@ -334,3 +334,87 @@ def test_quantize_multiplier_pinned():
 def test_quantize_multiplier_bad_arguments(value, scheme, error, pattern):
     with pytest.raises(error, match=pattern):
         qemu_q.quantize_multiplier(value, scheme)
+
+
+def test_hostile_calls_raise_clear_errors_or_give_the_oracle():
+    """Random mixes of valid and invalid arguments: every call returns the oracle's bits or
+    raises TypeError/ValueError (never another exception, never a modified input)."""
+    rng = random.Random(2024)
+    nrng = np.random.default_rng(2024)
+    invalid = {
+        "acc": [lambda: np.arange(12, dtype=">i4").reshape(3, 4), lambda: np.arange(12, dtype=np.int64),
+                lambda: [1, 2, 3], lambda: np.arange(4, dtype=np.float32)],
+        "multiplier": [-1, 2**31, -(2**31) - 1, 2**70, 1.0, None, "1", np.uint64(2**64 - 1),
+                       np.array([2**64 - 1] * 4, np.uint64), np.array([2**30] * 3, np.int64),
+                       np.ones((2, 2), np.int32), np.array([], np.int32), True],
+        "shift": [31, 63, -33, 64, np.array([0.5]), np.array([40, 35, 33]), -(2**63)],
+        "zero_point": [-129, 300, 2**40, np.array([1, 2, 3], np.int16), 1.5],
+        "scheme": ["TOSA32", None, b"gemmlowp", "tvm"],
+        "output_dtype": ["float16", "int64", 999, None, "uint32"],
+        "axis": [2, -3, 1.0, True, 2**64],
+        "double_round": [1, "yes", np.bool_(True)],
+    }
+
+    def valid(name, scheme):
+        lo, hi = SHIFTS[scheme]
+        mlo, mhi = requantize_module.MULTIPLIER_RANGES[scheme]
+        if name == "acc":
+            shape = rng.choice([(3, 4), (4,), (2, 4, 3), (), (0, 4)])
+            acc = nrng.integers(-(2**12), 2**12, shape).astype(np.int32)
+            return acc[:, ::-1] if acc.ndim == 2 and rng.random() < 0.3 else acc
+        if name == "multiplier":
+            return rng.choice([mlo, mhi, 1, 0 if mlo <= 0 else mlo, np.array([mhi, mlo, 7, 0 if mlo <= 0 else 1][:4])])
+        if name == "shift":
+            small = (max(lo, 33), hi) if scheme.startswith("tosa") else (lo, 0)
+            return rng.choice([small[0], small[1], np.array([rng.randint(*small) for _ in range(4)], np.int16)])
+        if name == "zero_point":
+            return rng.choice([0, 1, np.int8(-3), np.array([0, 1, 0, 1], np.uint8)])
+        if name == "output_dtype":
+            return rng.choice(list(OUT_TYPES))
+        if name == "axis":
+            return rng.choice([1, -1, 0])
+        if name == "double_round":
+            return rng.choice([None, True, False]) if scheme == "tosa32" else None
+        raise AssertionError(name)
+
+    outcomes = {"ok": 0, "rejected": 0}
+    for _ in range(1500):
+        scheme = rng.choice(SCHEMES)
+        args = {"scheme": scheme if rng.random() > 0.05 else rng.choice(invalid["scheme"])}
+        for name in ("acc", "multiplier", "shift", "zero_point", "output_dtype", "axis", "double_round"):
+            args[name] = valid(name, scheme) if rng.random() > 0.08 else rng.choice(invalid[name])
+        if callable(args["acc"]):
+            args["acc"] = args["acc"]()
+        arrays = [v for v in args.values() if isinstance(v, (np.ndarray, np.generic))]
+        before = [np.array(v, copy=True) for v in arrays]
+        kwargs = {k: v for k, v in args.items() if k not in ("acc", "multiplier", "shift")}
+        try:
+            got = qemu_q.requantize(args["acc"], args["multiplier"], args["shift"], **kwargs)
+        except (TypeError, ValueError) as error:
+            assert str(error), args
+            outcomes["rejected"] += 1
+        else:
+            outcomes["ok"] += 1
+            _check_against_oracle(args["acc"], got, args)
+        for a, b in zip(before, arrays):
+            assert_same_bits(np.asarray(b), a)
+    assert outcomes["ok"] > 300 and outcomes["rejected"] > 300, outcomes
+
+
+def _check_against_oracle(acc, got, args):
+    scheme = args["scheme"]
+    _, lo, hi = OUT_TYPES[args["output_dtype"]]
+    acc = np.asarray(acc)
+    rank = acc.ndim
+    axis = args["axis"] % rank if rank else 0
+
+    def per(value, index):
+        v = np.asarray(value).reshape(-1)
+        return int(v[0]) if v.size == 1 else int(v[index[axis]])
+
+    for index in np.ndindex(acc.shape):
+        r = oracle.apply(scheme, int(acc[index]), per(args["multiplier"], index), per(args["shift"], index),
+                         bool(args["double_round"]))
+        assert r is not None, (index, args)
+        want = min(hi, max(lo, r + per(args["zero_point"], index)))
+        assert int(np.asarray(got)[index]) == want, (index, args)

@@ -120,6 +120,9 @@ def _parameter(value, name: str) -> np.ndarray:
             raise ValueError(f"{name} must be a scalar or 1-D (one entry per channel), got shape {array.shape}")
         if array.size == 0:
             raise ValueError(f"{name} is empty; it needs one entry, or one per channel")
+        if array.dtype.kind == "u" and array.dtype.itemsize == 8 and int(array.max()) > 2**63 - 1:
+            # an int64 view would wrap such a value into a negative one
+            raise ValueError(f"{name} holds {int(array.max())}, outside int64")
         return array.astype(np.int64)
     try:
         number = operator.index(value)
