@@ -64,49 +64,86 @@ cdef struct RescaleWork:
     RescalePlan plan
 
 
+cdef inline int rescale_run(int scheme, int out_bytes, const int32_t* acc, uint8_t* out,
+                            Py_ssize_t a, Py_ssize_t b, int32_t m, int s, int64_t zp,
+                            const RescalePlan* p) noexcept nogil:
+    # One run of elements sharing their channel's parameters. The callers pass `scheme`
+    # and `out_bytes` as constants, so that each inlined copy is one straight loop; the
+    # statuses are OR-ed rather than tested, keeping the loop free of exits (the caller
+    # finds the first undefined element again when one occurred).
+    cdef Py_ssize_t i
+    cdef int64_t value = 0
+    cdef int any_status = 0
+    cdef int64_t lo = p.lo
+    cdef int64_t hi = p.hi
+    cdef uint64_t mask = p.mask
+    cdef bint double_round = p.double_round
+    cdef uint64_t code
+    for i in range(a, b):
+        any_status |= apply_fixed_point(scheme, acc[i], m, s, double_round, &value)
+        # result + zero point cannot overflow int64 (both are int32)
+        value = min(max(value + zp, lo), hi)
+        code = (<uint64_t>value) & mask
+        if out_bytes == 1:
+            out[i] = <uint8_t>code
+        elif out_bytes == 2:
+            (<uint16_t*>out)[i] = <uint16_t>code
+        else:
+            (<uint32_t*>out)[i] = <uint32_t>code
+    return any_status
+
+
+cdef inline int rescale_run_bytes(int scheme, const int32_t* acc, uint8_t* out, Py_ssize_t a,
+                                  Py_ssize_t b, int32_t m, int s, int64_t zp,
+                                  const RescalePlan* p) noexcept nogil:
+    if p.out_bytes == 1:
+        return rescale_run(scheme, 1, acc, out, a, b, m, s, zp, p)
+    if p.out_bytes == 2:
+        return rescale_run(scheme, 2, acc, out, a, b, m, s, zp, p)
+    return rescale_run(scheme, 4, acc, out, a, b, m, s, zp, p)
+
+
+cdef int rescale_segment(const int32_t* acc, uint8_t* out, Py_ssize_t a, Py_ssize_t b,
+                         int32_t m, int s, int64_t zp, const RescalePlan* p) noexcept nogil:
+    if p.scheme == FP_TOSA32:
+        return rescale_run_bytes(FP_TOSA32, acc, out, a, b, m, s, zp, p)
+    if p.scheme == FP_TOSA16:
+        return rescale_run_bytes(FP_TOSA16, acc, out, a, b, m, s, zp, p)
+    if p.scheme == FP_GEMMLOWP:
+        return rescale_run_bytes(FP_GEMMLOWP, acc, out, a, b, m, s, zp, p)
+    if p.scheme == FP_TFLITE_SINGLE:
+        return rescale_run_bytes(FP_TFLITE_SINGLE, acc, out, a, b, m, s, zp, p)
+    if p.scheme == FP_TVM_UPWARD:
+        return rescale_run_bytes(FP_TVM_UPWARD, acc, out, a, b, m, s, zp, p)
+    return rescale_run_bytes(FP_TVM_TONEAREST, acc, out, a, b, m, s, zp, p)
+
+
 cdef void rescale_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef const RescaleWork* w = <const RescaleWork*>work
-    cdef RescalePlan p = w.plan  # a local copy: invariants stay in registers
+    cdef const RescalePlan* p = &w.plan
     cdef Py_ssize_t start = task * RESCALE_CHUNK
     cdef Py_ssize_t stop = min(start + RESCALE_CHUNK, w.n)
-    cdef Py_ssize_t i
     cdef Py_ssize_t c = (start // p.inner) % p.channels
-    cdef Py_ssize_t j = start % p.inner
+    cdef Py_ssize_t a = start
+    cdef Py_ssize_t b, i
     cdef int64_t value
     cdef int status
-    cdef int32_t m = w.multiplier[c]
-    cdef int s = w.shift[c]
-    cdef int64_t zp = w.zero_point[c]
-    cdef uint64_t code
     w.first_bad[task] = -1
-    for i in range(start, stop):
-        status = apply_fixed_point(p.scheme, w.acc[i], m, s, p.double_round, &value)
-        if status != FP_OK:
-            w.first_bad[task] = i
-            w.bad_status[task] = status
-            return
-        # result + zero point cannot overflow int64 (both are int32)
-        value += zp
-        if value < p.lo:
-            value = p.lo
-        elif value > p.hi:
-            value = p.hi
-        code = (<uint64_t>value) & p.mask
-        if p.out_bytes == 1:
-            w.out[i] = <uint8_t>code
-        elif p.out_bytes == 2:
-            (<uint16_t*>w.out)[i] = <uint16_t>code
-        else:
-            (<uint32_t*>w.out)[i] = <uint32_t>code
-        j += 1
-        if j == p.inner:
-            j = 0
-            c += 1
-            if c == p.channels:
-                c = 0
-            m = w.multiplier[c]
-            s = w.shift[c]
-            zp = w.zero_point[c]
+    while a < stop:
+        # the run of elements up to the next channel change
+        b = min(stop, a + p.inner - a % p.inner)
+        if rescale_segment(w.acc, w.out, a, b, w.multiplier[c], w.shift[c], w.zero_point[c], p):
+            for i in range(a, b):
+                status = apply_fixed_point(p.scheme, w.acc[i], w.multiplier[c], w.shift[c],
+                                           p.double_round, &value)
+                if status != FP_OK:
+                    w.first_bad[task] = i
+                    w.bad_status[task] = status
+                    return
+        a = b
+        c += 1
+        if c == p.channels:
+            c = 0
 
 
 cdef class RescaleConfig:

@@ -168,14 +168,17 @@ def restore_level():
 
 
 @pytest.mark.parametrize("scheme,double_round", VARIANTS)
-def test_threads_and_levels(scheme, double_round, restore_level):
+@pytest.mark.parametrize("layout", ["last_axis", "runs_across_tasks"])
+def test_threads_and_levels(scheme, double_round, layout, restore_level):
+    # last_axis: a channel change every element; runs_across_tasks: runs of 70001 elements
+    # per channel, which the 32768-element tasks cut in the middle
     rng = np.random.default_rng(5)
-    shape = (3 * 32768 + 517, 3)
+    shape, axis = ((3 * 32768 + 517, 3), 1) if layout == "last_axis" else ((3, 70001), 0)
     acc = rng.integers(-(2**20), 2**20, shape).astype(np.int32)
-    acc[:5, 0] = [INT32_MIN + (scheme != "tosa32") * 0, -1, 0, 1, INT32_MAX]
+    acc.reshape(-1)[:3] = [-1, 0, 1]
+    if not scheme.startswith("tosa"):
+        acc.reshape(-1)[3:5] = [INT32_MIN, INT32_MAX]   # the tosa REQUIRE with shift 33 excludes them
     if scheme.startswith("tosa"):
-        acc[0, 0] = -(2**20)  # inside every REQUIRE with shifts >= 33
-        acc[4, 0] = 2**20 - 1
         multipliers, shifts = np.array([2**30 if scheme == "tosa32" else 2**14, 12345, 32767]), np.array([40, 33, 50])
     else:
         multipliers, shifts = np.array([2**30, 1234567891, 7]), np.array([-1, -20, 0])
@@ -183,14 +186,17 @@ def test_threads_and_levels(scheme, double_round, restore_level):
     for level in _kernels.available_levels():
         _kernels.use(level)
         for n in (1, 2, 8):
-            got = qemu_q.requantize(acc, multipliers, shifts, scheme=scheme, axis=1, zero_point=3,
+            got = qemu_q.requantize(acc, multipliers, shifts, scheme=scheme, axis=axis, zero_point=3,
                                     output_dtype="int16", double_round=double_round, n_threads=n)
             if expected is None:
-                sample = list(range(0, shape[0], 997)) + list(range(shape[0] - 40, shape[0]))
+                flat = acc.reshape(-1)
+                sample = sorted(set(range(0, flat.size, 331)) | set(range(flat.size - 40, flat.size))
+                                | {k * 32768 + d for k in range(1, 9) for d in (-1, 0) if k * 32768 < flat.size})
                 for i in sample:
-                    for c in range(3):
-                        r = oracle.apply(scheme, int(acc[i, c]), int(multipliers[c]), int(shifts[c]), bool(double_round))
-                        assert int(got[i, c]) == min(32767, max(-32768, r + 3)), (i, c)
+                    index = np.unravel_index(i, shape)
+                    c = index[axis]
+                    r = oracle.apply(scheme, int(flat[i]), int(multipliers[c]), int(shifts[c]), bool(double_round))
+                    assert int(got[index]) == min(32767, max(-32768, r + 3)), (i, c)
                 expected = got
             assert_same_bits(got, expected, f"{scheme} level={level} n_threads={n}")
 

@@ -90,7 +90,7 @@ def _axis(value) -> int:
 def requantize_plan(scheme, double_round, out_type, acc_shape, axis, channels) -> RequantizePlan:
     """channels: 0 for per-tensor parameters, else the per-channel length they share."""
     rank = len(acc_shape)
-    inner = 1
+    inner = max(1, math.prod(acc_shape))  # per-tensor: one run of parameters
     count = 1
     if channels:
         if not -rank <= axis < rank:
