@@ -261,6 +261,8 @@ def test_out_argument_and_read_only_inputs():
     (lambda a: qemu_q.requantize(a, np.ones(3, np.int32), 0, scheme="gemmlowp", axis=2), ValueError, r"axis=2 is out of range for acc of rank 2; allowed \[-2, 1\]"),
     (lambda a: qemu_q.requantize(a, np.ones(4, np.int32), np.zeros(3, np.int32), scheme="gemmlowp"), ValueError, r"per-channel parameters differ in length: multiplier has 4, shift has 3"),
     (lambda a: qemu_q.requantize(a, 1, 0, scheme="gemmlowp", axis=1.0), TypeError, r"axis must be an int, got float 1.0"),
+    (lambda a: qemu_q.requantize(a, 1, 0, scheme="gemmlowp", n_threads=0), ValueError, r"n_threads"),
+    (lambda a: qemu_q.requantize(a[:0], 1, 0, scheme="gemmlowp", n_threads=-1), ValueError, r"n_threads"),
 ])
 def test_bad_arguments(call, error, pattern):
     acc = np.arange(12, dtype=np.int32).reshape(3, 4)
@@ -336,6 +338,8 @@ def test_quantize_multiplier_pinned():
     (True, "gemmlowp", TypeError, r"real_scale must be a float or a float array, got bool"),
     (np.array(["a"]), "gemmlowp", TypeError, r"real_scale must have a float dtype"),
     (0.5, "tvm", ValueError, r"scheme='tvm'; allowed"),
+    (np.array([0.5, np.nan]), "gemmlowp", ValueError, r"real_scale\[1\] \(flat index\): real_scale=nan is not finite"),
+    (np.array([[0.5], [-0.25]], np.float32), "tosa16", ValueError, r"real_scale\[1\] \(flat index\): real_scale=-0.25 is negative"),
 ])
 def test_quantize_multiplier_bad_arguments(value, scheme, error, pattern):
     with pytest.raises(error, match=pattern):

@@ -186,9 +186,9 @@ def requantize(acc: np.ndarray, multiplier, shift, *, scheme: str, zero_point=0,
     channels = next(iter(lengths.values()), 0)
     plan = cached_plan(requantize_plan, (scheme, double_round, out_type, acc.shape, axis, channels))
     result = prepare_output(out, acc.shape, out_type, [("acc", acc)])
+    n_threads = resolve_threads(n_threads, acc.size)
     if acc.size == 0:
         return result
-    n_threads = resolve_threads(n_threads, acc.size)
     arrays = [_channel_array(params[name], plan.channels) for name in ("multiplier", "shift", "zero_point")]
     storage = result.reshape(-1).view(out_type.storage)
     written = kernel_output(storage)
@@ -276,7 +276,12 @@ def quantize_multiplier(real_scale, scheme: str):
         if real_scale.dtype.kind not in "fiu":
             raise TypeError(f"real_scale must have a float dtype, got {real_scale.dtype}")
         scales = real_scale.astype(np.float64)
-        pairs = [_one_multiplier(float(s), scheme) for s in scales.reshape(-1)]
+        pairs = []
+        for i, s in enumerate(scales.reshape(-1).tolist()):
+            try:
+                pairs.append(_one_multiplier(s, scheme))
+            except ValueError as error:
+                raise ValueError(f"real_scale[{i}] (flat index): {error}") from None
         multipliers = np.array([m for m, _ in pairs], dtype=np.int32).reshape(scales.shape)
         shifts = np.array([s for _, s in pairs], dtype=np.int32).reshape(scales.shape)
         return multipliers, shifts
