@@ -187,7 +187,7 @@ def requantize(const int32_t[::1] acc, const int32_t[::1] multiplier, const int3
     (-1, 0), or (index, status) of the lowest element the scheme leaves undefined."""
     cdef RescaleWork work
     cdef Py_ssize_t n = acc.shape[0]
-    cdef Py_ssize_t n_tasks, t, lo_shift, hi_shift
+    cdef Py_ssize_t n_tasks, t
     cdef int64_t[::1] first_bad
     cdef int[::1] bad_status
     work.plan = config.plan
@@ -198,10 +198,15 @@ def requantize(const int32_t[::1] acc, const int32_t[::1] multiplier, const int3
             raise ValueError(f"requantize: {name} has {view.shape[0]} entries, the config {work.plan.channels} channels")
     if n % (work.plan.channels * work.plan.inner):
         raise ValueError("requantize: acc does not hold whole channel runs of the configured layout")
-    lo_shift, hi_shift = SHIFT_RANGES[[k for k, v in SCHEMES.items() if v == work.plan.scheme][0]]
+    # The shifts bound every shift count of the schemes (a count outside is undefined in C)
+    name = [k for k, v in SCHEMES.items() if v == work.plan.scheme][0]
+    lo_shift, hi_shift = SHIFT_RANGES[name]
+    lo_m, hi_m = MULTIPLIER_RANGES[name]
     for t in range(work.plan.channels):
         if not lo_shift <= shift[t] <= hi_shift:
             raise ValueError(f"requantize: shift[{t}]={shift[t]} outside [{lo_shift}, {hi_shift}]")
+        if not lo_m <= multiplier[t] <= hi_m:
+            raise ValueError(f"requantize: multiplier[{t}]={multiplier[t]} outside [{lo_m}, {hi_m}]")
     if n == 0:
         return (-1, 0)
     check_aligned(&out[0], work.plan.out_bytes, "out")

@@ -428,3 +428,30 @@ def _check_against_oracle(acc, got, args):
         assert r is not None, (index, args)
         want = min(hi, max(lo, r + per(args["zero_point"], index)))
         assert int(np.asarray(got)[index]) == want, (index, args)
+
+
+def test_kernel_entry_checks_its_arguments():
+    # The entry refuses what the Python layer would: no shift count outside C's defined range
+    # reaches the loop, whoever calls it.
+    module = _kernels.active.requantize
+    config = module.RescaleConfig(scheme="tosa32", double_round=False, out_bits=8, out_signed=True,
+                                  channels=1, inner=4)
+    acc = np.arange(4, dtype=np.int32)
+    one = lambda v: np.array([v], np.int32)  # noqa: E731
+    out = np.empty(4, np.uint8)
+    with pytest.raises(ValueError, match=r"shift\[0\]=1 outside \[2, 62\]"):
+        module.requantize(acc, one(1), one(1), one(0), out, config, 1)
+    with pytest.raises(ValueError, match=r"multiplier\[0\]=-1 outside \[0, 2147483647\]"):
+        module.requantize(acc, one(-1), one(40), one(0), out, config, 1)
+    with pytest.raises(ValueError, match=r"zero_point has 2 entries"):
+        module.requantize(acc, one(1), one(40), np.zeros(2, np.int32), out, config, 1)
+    with pytest.raises(ValueError, match=r"out holds 3 bytes"):
+        module.requantize(acc, one(1), one(40), one(0), out[:3], config, 1)
+    assert module.requantize(acc, one(2**30), one(31), one(0), out, config, 1) == (-1, 0)
+    assert out.tolist() == [0, 1, 1, 2]   # x / 2, ties up: 0.5 -> 1, 1.5 -> 2
+    for kwargs, pattern in [({"scheme": "x"}, "scheme='x'"), ({"double_round": True, "scheme": "gemmlowp"}, "tosa32 only"),
+                            ({"out_bits": 12}, "out_bits=12"), ({"channels": 0}, "channels=0")]:
+        fields = dict(scheme="tosa32", double_round=False, out_bits=8, out_signed=True, channels=1, inner=4)
+        fields.update(kwargs)
+        with pytest.raises(ValueError, match=pattern):
+            module.RescaleConfig(**fields)
