@@ -55,9 +55,9 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL_MODULES = ["_quantize", "_dequantize", "_cast", "_packing", "_dynamic", "_parallel", "_integer", "_mx",
-                  "_nvfp4"]
+                  "_nvfp4", "_requantize"]
 # Built once more per instruction-set level (see the module docstring).
-ISA_MODULES = ["_quantize", "_dequantize", "_cast", "_mx", "_nvfp4", "_integer"]
+ISA_MODULES = ["_quantize", "_dequantize", "_cast", "_mx", "_nvfp4", "_integer", "_requantize"]
 ISA_LEVELS = {"x86-64-v3": ["-march=x86-64-v3"], "x86-64-v4": ["-march=x86-64-v4"]}
 ISA_STUB_DIR = os.path.join("build", "isa_src")
 PYX_DIR = "pyx"

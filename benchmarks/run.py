@@ -14,6 +14,7 @@ same run; the table says PASS or FAIL for each, and for "at most 0.05 of onnx.re
     python benchmarks/run.py --sweep-max 24 --sweep-cases q_int8_tensor
     python benchmarks/run.py --json benchmarks/results.json   # for benchmarks/plot.py
     python benchmarks/run.py --list                # the cases
+    python benchmarks/run.py --requantize          # qemu_q.requantize, every scheme, vs numpy
 
 Needs the `bench` extra (onnx, onnxruntime; matplotlib for the plot). Timings on a busy
 machine are noisy: raise --repeat, and compare ratios from one run only.
@@ -695,6 +696,57 @@ def run_mx(threads: int, repeat: int, rows: int, cols: int) -> int:
             ok = False
         print(f"{title:<30} {t * 1e3:>7.1f}ms {ratio:>10.2f}", flush=True)
     return 0 if ok else 1
+def _numpy_requantize(scheme: str, acc: np.ndarray, m: int, shift: int) -> np.ndarray:
+    """The scheme as numpy int64 expressions (no undefined elements on these inputs)."""
+    x = acc.astype(np.int64)
+    if scheme in ("tosa32", "tosa16"):
+        return (x * m + (1 << (shift - 1))) >> shift
+    if scheme == "tflite_single":
+        total = 31 - shift
+        return (x * m + (1 << (total - 1))) >> total
+    if scheme == "gemmlowp":
+        ab = x * m
+        t = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+        high = np.where(t >= 0, t >> 31, -((-t) >> 31))
+        right = -shift
+        mask = (1 << right) - 1
+        threshold = (mask >> 1) + (high < 0)
+        return (high >> right) + ((high & mask) > threshold)
+    product = x * m
+    rounding = 1 << (30 - shift)
+    if scheme == "tvm_tonearest":
+        rounding = np.where(product >= 0, rounding, rounding - 1)
+    return (product + rounding) >> (31 - shift)
+
+
+def run_requantize(threads: int, repeat: int, rows: int, cols: int) -> int:
+    """qemu_q.requantize on rows x cols int32 accumulators (default 16M) into int8, per
+    tensor, for every scheme, against the same scheme as numpy int64 expressions; the bits
+    are compared."""
+    rng = np.random.default_rng(SEED)
+    acc = rng.integers(-(1 << 24), 1 << 24, (rows, cols)).astype(np.int32)
+    m, shift = 1234567890, -8  # TFLite's exponent; TOSA's right shift is 31 - shift
+    out = np.empty(acc.shape, np.int8)
+    print(f"{rows}x{cols} int32 accumulators ({acc.size} elements) -> int8, best of {repeat} rounds, "
+          f"{threads} threads")
+    print(f"{'scheme':<16} {'qemu_q':>9} {'numpy':>9} {'x faster':>9}  bits")
+    for scheme in ("tosa32", "tosa16", "gemmlowp", "tflite_single", "tvm_upward", "tvm_tonearest"):
+        mult, s = (m >> 16, 23) if scheme == "tosa16" else (m, 31 - shift) if scheme == "tosa32" else (m, shift)
+        zp = 3
+
+        def ours():
+            return qemu_q.requantize(acc, mult, s, scheme=scheme, zero_point=zp, out=out, n_threads=threads)
+
+        def theirs():
+            return np.clip(_numpy_requantize(scheme, acc, mult, s) + zp, -128, 127).astype(np.int8)
+
+        times = time_alternating({"qemu_q": ours, "numpy": theirs}, repeat, min_sample=0.2)
+        same = np.array_equal(ours(), theirs())
+        print(f"{scheme:<16} {times['qemu_q'] * 1e3:>7.1f}ms {times['numpy'] * 1e3:>7.1f}ms "
+              f"{times['numpy'] / times['qemu_q']:>9.1f}  {'same' if same else 'DIFFER'}", flush=True)
+        if not same:
+            return 1
+    return 0
 
 
 def main(argv=None):
@@ -725,9 +777,13 @@ def main(argv=None):
                    help="only the Cast targets (float32 -> float8e4m3fn, float4e2m1, float8e8m0)")
     p.add_argument("--mx", action="store_true",
                    help="only the MX target (MXFP4, MXFP8 vs QuantizeLinear int4 blocked-32 packed)")
+    p.add_argument("--requantize", action="store_true",
+                   help="only qemu_q.requantize (every scheme, 16M int32 accumulators) vs numpy")
     args = p.parse_args(argv)
     if args.mx:
         return run_mx(args.threads, args.repeat, args.rows, args.cols)
+    if args.requantize:
+        return run_requantize(args.threads, args.repeat, args.rows, args.cols)
     if args.integer:
         return run_integer(args.threads, args.repeat)
     if args.cast:

@@ -12,6 +12,7 @@ from .ops import cast, cast_like, dequantize_linear, dynamic_quantize_linear, qu
 from .ops import conv_integer, matmul_integer, qlinear_conv, qlinear_matmul
 from .ops import MX_ELEMENTS, MX_SCALE_RULES, mx_dequantize, mx_dequantize_graph, mx_quantize, mx_scale_shape
 from .ops import nvfp4_dequantize, nvfp4_global_scale, nvfp4_quantize
+from .ops import quantize_multiplier, requantize
 from ._parallel import openmp_compiled as _openmp_compiled
 from ._onnx_plugin import onnx_ops
 from ._registry import run_op
@@ -30,6 +31,7 @@ __all__ = [
     "matmul_integer", "conv_integer", "qlinear_matmul", "qlinear_conv",
     "mx_quantize", "mx_dequantize", "mx_dequantize_graph", "mx_scale_shape", "MX_ELEMENTS", "MX_SCALE_RULES",
     "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_global_scale",
+    "quantize_multiplier", "requantize",
 ]
 
 

@@ -32,6 +32,7 @@ class Path(Enum):
     PAIR_SUMS = "pair_sums"                  # the VPMADDUBSW pair-saturating accumulator
     REQUANTIZE = "requantize"                # int32 accumulators -> codes under a named rule
     FLOAT_MATMUL = "float_matmul"            # QLinearMatMul-21 with float8 operands: exact sums, requantized
+    FIXED_POINT_REQUANTIZE = "fixed_point_requantize"  # qemu_q.requantize: integer-only schemes
 
 
 # path -> (kernel family in qemu_q._kernels.KernelSet, or None for the level-independent
@@ -50,6 +51,7 @@ KERNEL_ENTRIES = {
     Path.PAIR_SUMS: ("integer", "pair_sums_u8s8"),
     Path.REQUANTIZE: ("integer", "requantize"),
     Path.FLOAT_MATMUL: ("integer", "float_matmul_requantize"),
+    Path.FIXED_POINT_REQUANTIZE: ("requantize", "requantize"),
 }
 
 # False forces the kernels' general scalar paths (the tests compare both); read when a

@@ -32,6 +32,7 @@ class KernelSet:
     mx: ModuleType
     nvfp4: ModuleType
     integer: ModuleType
+    requantize: ModuleType
 
 
 def _suffix(level: str) -> str:
@@ -61,6 +62,7 @@ def load(level: str) -> KernelSet:
         importlib.import_module(f"qemu_q._mx{suffix}"),
         importlib.import_module(f"qemu_q._nvfp4{suffix}"),
         importlib.import_module(f"qemu_q._integer{suffix}"),
+        importlib.import_module(f"qemu_q._requantize{suffix}"),
     )
 
 

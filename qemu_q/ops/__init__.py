@@ -11,7 +11,10 @@ from .mx import MX_ELEMENTS, MX_SCALE_RULES, mx_dequantize, mx_dequantize_graph,
 
 from .nvfp4 import nvfp4_dequantize, nvfp4_global_scale, nvfp4_quantize
 
+from .requantize import quantize_multiplier, requantize
+
 __all__ = ["cast", "cast_like", "dequantize_linear", "dynamic_quantize_linear", "quantize_linear",
            "matmul_integer", "qlinear_matmul", "conv_integer", "qlinear_conv",
            "mx_quantize", "mx_dequantize", "mx_dequantize_graph", "mx_scale_shape", "MX_ELEMENTS",
-           "MX_SCALE_RULES", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_global_scale"]
+           "MX_SCALE_RULES", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_global_scale",
+           "quantize_multiplier", "requantize"]
