@@ -91,6 +91,7 @@ def test_every_op_version_and_quantized_type_is_covered():
             required |= {(op, schema.since_version, q) for q in qtypes}
     missing = sorted(required - seen)
     assert not missing, f"combinations onnx.defs allows that the suite lacks: {missing}"
+    seen = {s for s in seen if s[0] not in golden.BLOCK_SCALED_OPS}  # not ONNX ops
     assert not sorted(seen - required), "the suite has combinations onnx.defs does not allow"
 
 
@@ -187,6 +188,41 @@ def test_integer_op_extras_hold_the_accumulator(suite):
                   for j in range(b.shape[1])] for i in range(a.shape[0])]
         wrapped = [[(v + 2**31) % 2**32 - 2**31 for v in row] for row in exact]
         assert acc.tolist() == wrapped, case.name
+
+
+def test_block_scaled_cases_are_covered():
+    """MX: every element type x scale rule x family; NVFP4: every recipe, 1x16 blocks and
+    16x16 tiles, x family. Each model is the dequantize graph of its op's function."""
+    configs = [c for c in golden.iter_configs() if c.op_type in golden.BLOCK_SCALED_OPS]
+    mx = {(c.qtype, c.variant, c.family) for c in configs if c.op_type == "MX"}
+    assert mx == {(e, r, f) for e in qemu_q.MX_ELEMENTS for r in qemu_q.MX_SCALE_RULES
+                  for f in golden.BLOCK_SCALED_FAMILIES}
+    nvfp4 = {(c.variant, c.family) for c in configs if c.op_type == "NVFP4"}
+    from qemu_q.ops.nvfp4 import RECIPES
+    assert nvfp4 == {(r + t, f) for r in RECIPES for t in ("", "_tiles16x16")
+                     for f in golden.BLOCK_SCALED_FAMILIES}
+
+
+def test_block_scaled_cases_dequantize_their_codes(suite):
+    """Each MX / NVFP4 case: the expected output is the dequantization of its inputs by
+    qemu_q's DequantizeLinear (the graph's nodes, one by one), and the extra x is the float
+    input the codes came from (every partial last block and 16x16 tile included)."""
+    for case in suite:
+        if case.op_type not in golden.BLOCK_SCALED_OPS:
+            continue
+        inputs = dict(case.inputs)
+        (name, x), = case.extras
+        assert name == "x" and x.dtype == np.float32 and x.shape == inputs["codes"].shape
+        if case.op_type == "NVFP4":
+            scale = qemu_q.dequantize_linear(inputs["block_scales"], inputs["global_scale"])
+            y = qemu_q.dequantize_linear(inputs["codes"], scale, axis=-1, block_size=16, opset=24)
+        elif case.config.qtype == "int8":
+            scale = inputs["scales"].astype(np.float32) * np.float32(2.0**-6)
+            y = qemu_q.dequantize_linear(inputs["codes"], scale, axis=-1, block_size=32, opset=24)
+        else:
+            y = qemu_q.dequantize_linear(inputs["codes"], inputs["scales"], axis=-1,
+                                         block_size=32, output_dtype="float", opset=case.opset)
+        assert _bits(y) == _bits(case.outputs[0][1]), case.name
 
 
 def test_every_model_is_valid_onnx(suite):
@@ -361,7 +397,7 @@ def _environment(package_home, **variables) -> dict[str, str]:
 # Every op, input family, granularity and kind of variant, on a few quantized types and
 # opsets: the command that runs twice is this selection, not the whole suite (4240 cases,
 # about 42000 files), whose bytes are compared with it in memory.
-SAMPLE_TYPES = ("uint8", "int4", "float8e4m3fn", "int32")
+SAMPLE_TYPES = ("uint8", "int4", "float8e4m3fn", "int32", "float4e2m1")
 SAMPLE_OPSETS = (10, 25)
 SAMPLE = ("--type", ",".join(SAMPLE_TYPES), "--opset", ",".join(map(str, SAMPLE_OPSETS)))
 
@@ -469,11 +505,15 @@ def test_manifest_and_layout(written, suite, shared_dir):
             assert sorted(layout) == shared_layout
         model = onnx.load(str(folder / "model.onnx"))
         assert [o.version for o in model.opset_import] == [entry["opset"]]
-        assert model.graph.node[0].op_type == entry["op_type"]
-        attributes = {a.name: onnx.helper.get_attribute_value(a)
-                      for a in model.graph.node[0].attribute}
-        attributes = {k: v.decode() if isinstance(v, bytes) else v for k, v in attributes.items()}
-        assert attributes == entry["attributes"]
+        if entry["op_type"] in golden.BLOCK_SCALED_OPS:  # the dequantize graph
+            assert model.graph.node[-1].op_type == "DequantizeLinear"
+        else:
+            assert model.graph.node[0].op_type == entry["op_type"]
+            attributes = {a.name: onnx.helper.get_attribute_value(a)
+                          for a in model.graph.node[0].attribute}
+            attributes = {k: v.decode() if isinstance(v, bytes) else v
+                          for k, v in attributes.items()}
+            assert attributes == entry["attributes"]
         meta, arrays = writers.read_npz(first / entry["npz"])
         assert meta["op_type"] == entry["op_type"] and meta["opset"] == entry["opset"]
         for role, tensors, items in (("input", entry["inputs"], case.inputs),

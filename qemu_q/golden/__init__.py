@@ -41,6 +41,8 @@ whose bits differ from another implementation's by design is one named case, see
   MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv (every operand/output type
   combination; geometry variants: integer_families.py)
     random, zero_points, overflow (int32 wrap), ties, saturation
+  MX, NVFP4 (not ONNX ops: the dequantize graph of mx_quantize / nvfp4_quantize's output)
+    boundaries, ties, outlier, zeros, subnormals, nan_inf, random (block_scaled.py)
 
 Random data come from `np.random.default_rng` seeded by the suite seed and the case name,
 so a case's bits do not depend on which other cases are selected.
@@ -50,6 +52,7 @@ Modules, by concern:
                 iter_configs
   families      the input families: Case, build_case, generate
   integer_families  the integer datapath ops' inputs and the int32 accumulator extra
+  block_scaled  MX and NVFP4 cases: configurations, inputs, the dequantize graph
   divergences   the peer-divergence table (DIVERGENCES, rows keyed to docs/divergences.md
                 headings) and divergences_of
   runtimes      which runtimes can run a case at all (the manifest's runs_on)
@@ -57,6 +60,7 @@ Modules, by concern:
   verify        qemu_q.verify / qemu-q verify: actual outputs against a suite, bit for bit
 """
 
+from .block_scaled import BLOCK_SCALED_FAMILIES, BLOCK_SCALED_OPS
 from .configs import (CAST_FAMILIES, CONV_GEOMETRIES, DQ_FAMILIES, INTEGER_FAMILIES,
                       MATMUL_GEOMETRIES, DYNAMIC_FAMILIES, FAMILIES, OPS, Q_FAMILIES, Config,
                       Selection, iter_configs)
@@ -65,7 +69,7 @@ from .families import DEFAULT_SEED, DEFAULT_SIZE, Case, build_case, generate
 from .runtimes import RUNTIMES, cannot_run, runs_on
 
 __all__ = [
-    "BOTH", "CAST_FAMILIES", "CONV_GEOMETRIES", "DEFAULT_SEED", "INTEGER_FAMILIES",
+    "BLOCK_SCALED_FAMILIES", "BLOCK_SCALED_OPS", "BOTH", "CAST_FAMILIES", "CONV_GEOMETRIES", "DEFAULT_SEED", "INTEGER_FAMILIES",
     "MATMUL_GEOMETRIES", "DEFAULT_SIZE", "DIVERGENCES", "DQ_FAMILIES", "DYNAMIC_FAMILIES",
     "FAMILIES", "ONNXRUNTIME", "OPS", "Q_FAMILIES", "REFERENCE", "RUNTIMES", "Case",
     "Config", "Selection", "build_case", "cannot_run", "divergences_of", "generate",

@@ -12,6 +12,8 @@ from .._dtypes import ELEMENT_TYPES, element_type
 from .._opspec import (GRANULARITIES, OP_VERSIONS, PRECISION_TYPES, first_version_allowing,
                        get_spec, resolve_op_name)
 from .._rules import division_precision, has_granularity, saturate_applies, shares_input_type
+from .block_scaled import (BLOCK_SCALED_FAMILIES, BLOCK_SCALED_OPS, block_scaled_configs,
+                           block_scaled_versions)
 
 Q_FAMILIES = ("grid", "near_ties", "zeros", "nan", "overflow", "random", "scales",
               "scales_zero", "scales_inf")
@@ -20,7 +22,7 @@ DYNAMIC_FAMILIES = ("random", "positive", "negative", "zeros", "tiny", "nan", "i
 CAST_FAMILIES = ("codes", "values", "specials")
 INTEGER_FAMILIES = ("random", "zero_points", "overflow", "ties", "saturation")
 FAMILIES = tuple(dict.fromkeys(Q_FAMILIES + DQ_FAMILIES + DYNAMIC_FAMILIES + CAST_FAMILIES
-                               + INTEGER_FAMILIES))
+                               + INTEGER_FAMILIES + BLOCK_SCALED_FAMILIES))
 
 # Significant bits of the value types, for "is this product exact in float32".
 _SIGNIFICANT_BITS = {"float": 24, "float16": 11, "bfloat16": 8, "float8e8m0": 1,
@@ -291,6 +293,9 @@ _CONFIGS = {
     "ConvInteger": lambda version: _integer_op_configs("ConvInteger", version),
     "QLinearMatMul": lambda version: _integer_op_configs("QLinearMatMul", version),
     "QLinearConv": lambda version: _integer_op_configs("QLinearConv", version),
+    # Not ONNX ops: the block-scaled formats' quantizers, each case their dequantize graph.
+    "MX": lambda version: block_scaled_configs("MX", version),
+    "NVFP4": lambda version: block_scaled_configs("NVFP4", version),
 }
 OPS = tuple(_CONFIGS)  # the ops the suite covers
 
@@ -310,7 +315,7 @@ class Selection:
 
     def __post_init__(self):
         if self.ops is not None:
-            object.__setattr__(self, "ops", tuple(resolve_op_name(op) for op in self.ops))
+            object.__setattr__(self, "ops", tuple(_resolve_suite_op(op) for op in self.ops))
         if self.types is not None:
             object.__setattr__(self, "types",
                                tuple(element_type(t, "type").name for t in self.types))
@@ -327,6 +332,11 @@ class Selection:
                 raise ValueError(f"block size {b!r}; allowed: integers >= 1")
 
     def versions(self, op_type: str) -> list[int]:
+        if op_type in BLOCK_SCALED_OPS:  # the dequantize graphs' opsets
+            versions = block_scaled_versions(op_type)
+            if self.opsets is None:
+                return list(versions)
+            return [v for v in versions if any(opset >= v for opset in self.opsets)]
         if self.opsets is None:
             return list(OP_VERSIONS[op_type])
         found = {get_spec(op_type, opset).since_version for opset in self.opsets
@@ -349,6 +359,15 @@ class Selection:
             yield replace(config, variant=f"{config.variant}_b{b}", block_size=b)
 
 
+def _resolve_suite_op(name) -> str:
+    """An ONNX op of the table (or an alias), or a block-scaled format: MX, NVFP4."""
+    if isinstance(name, str):
+        for op in BLOCK_SCALED_OPS:
+            if name.strip().lower() == op.lower():
+                return op
+    return resolve_op_name(name)
+
+
 def iter_configs(selection: Selection | None = None) -> Iterator[Config]:
     """Every case configuration of the suite, in a stable order."""
     selection = selection or Selection()
@@ -360,3 +379,4 @@ def iter_configs(selection: Selection | None = None) -> Iterator[Config]:
                 for config in selection.with_block_sizes(base):
                     if selection.accepts(config):
                         yield config
+

@@ -19,6 +19,7 @@ from .._registry import run_op
 from .configs import Config, Selection, iter_configs
 from .divergences import divergences_of
 from .integer_families import accumulator, integer_inputs
+from .block_scaled import BLOCK_SCALED_OPS, block_scaled_case
 
 DEFAULT_SEED = 0
 DEFAULT_SIZE = 64
@@ -43,6 +44,8 @@ class Case:
     # Values that are not node outputs, written beside them for RTL teams (.npz and hex):
     # the int32 accumulator of the QLinear ops.
     extras: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    # A multi-node model (MX, NVFP4: the dequantize graph); None for a single-node case.
+    model_builder: object = None
 
     @property
     def name(self) -> str:
@@ -685,6 +688,13 @@ _INPUTS = {
 
 def build_case(config: Config, seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZE) -> Case:
     """The case's inputs, attributes and expected outputs (computed by qemu_q)."""
+    if config.op_type in BLOCK_SCALED_OPS:
+        inputs, outputs, extras, builder = block_scaled_case(config, _rng(seed, config.name))
+        for _name, array in inputs + outputs + extras:
+            array.flags.writeable = False
+        return Case(config=config, opset=config.version, attributes={}, inputs=inputs,
+                    outputs=outputs, divergences=divergences_of(config), extras=extras,
+                    model_builder=builder)
     inputs, attributes = _INPUTS[config.op_type](config, seed, size)
     inputs = [(name, np.ascontiguousarray(array)) for name, array in inputs]
     for _name, array in inputs:
