@@ -60,3 +60,13 @@ def output_dtype(value) -> ElementType | None:
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value == 0:
         return None
     return element_type(value, "output_dtype")
+
+
+def block_axis(value, rank: int, what: str) -> int:
+    """The axis along which `what` (MX blocks, NVFP4 blocks) run, normalized to [0, rank)."""
+    axis = int_attribute(value, "axis")
+    if rank == 0:
+        raise ValueError(f"x is a scalar (rank 0); {what} run along an axis of an array of rank >= 1")
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis={axis} is out of range for rank {rank}; allowed [{-rank}, {rank - 1}]")
+    return axis % rank

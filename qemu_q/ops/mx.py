@@ -106,12 +106,7 @@ def mx_dequantize_graph(element: TypeSpec, *, axis: int = -1, block_size: int = 
 
 
 def _axis(axis, rank: int) -> int:
-    axis = _coerce.int_attribute(axis, "axis")
-    if rank == 0:
-        raise ValueError("x is a scalar (rank 0); MX blocks run along an axis of an array of rank >= 1")
-    if not -rank <= axis < rank:
-        raise ValueError(f"axis={axis} is out of range for rank {rank}; allowed [{-rank}, {rank - 1}]")
-    return axis % rank
+    return _coerce.block_axis(axis, rank, "MX blocks")
 
 
 def _block_size(block_size) -> int:

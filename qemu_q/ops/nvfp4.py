@@ -61,12 +61,7 @@ def _block_shape(value, ndim: int) -> tuple[int, int]:
 
 
 def _axis(value, ndim: int) -> int:
-    axis = _coerce.int_attribute(value, "axis")
-    if ndim == 0:
-        raise ValueError("x is a scalar (0-d); NVFP4 blocks run along an axis of a tensor")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis={axis} is out of range for x with {ndim} dimensions; allowed [{-ndim}, {ndim - 1}]")
-    return axis % ndim
+    return _coerce.block_axis(value, ndim, "NVFP4 blocks")
 
 
 def _layout(shape, axis: int) -> tuple[int, int, int]:

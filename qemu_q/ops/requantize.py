@@ -27,18 +27,10 @@ from .._validate import cached_plan
 
 SCHEMES = ("tosa32", "tosa16", "gemmlowp", "tflite_single", "tvm_upward", "tvm_tonearest")
 
-# The same tables as pyx/_requantize.pyx (tests/test_requantize.py checks they agree):
-# (lowest, highest) accepted shift and multiplier per scheme. TOSA's shift is a right
-# shift; the others' shift is TFLite's exponent (> 0 shifts left).
-SHIFT_RANGES = {
-    "tosa32": (2, 62), "tosa16": (2, 62), "gemmlowp": (-31, 30), "tflite_single": (-31, 30),
-    "tvm_upward": (-32, 31), "tvm_tonearest": (-32, 31),
-}
-MULTIPLIER_RANGES = {
-    "tosa32": (0, 2**31 - 1), "tosa16": (0, 2**15 - 1), "gemmlowp": (-2**31, 2**31 - 1),
-    "tflite_single": (0, 2**31 - 1), "tvm_upward": (-2**31, 2**31 - 1),
-    "tvm_tonearest": (-2**31, 2**31 - 1),
-}
+# (lowest, highest) accepted shift and multiplier per scheme: the kernel module's tables
+# (docs/semantics.md), one home. TOSA's shift is a right shift; the others' shift is
+# TFLite's exponent (> 0 shifts left).
+from .._requantize import MULTIPLIER_RANGES, SHIFT_RANGES  # noqa: E402
 OUTPUT_TYPES = ("int8", "uint8", "int16", "uint16", "int4", "uint4", "int2", "uint2", "int32")
 
 # pyx/_fixedpoint.pxd's FixedPointStatus: why the source leaves an element undefined.
