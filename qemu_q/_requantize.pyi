@@ -2,3 +2,7 @@
 from typing import Any
 
 def __getattr__(name: str) -> Any: ...
+
+# (lowest, highest) accepted shift and multiplier per scheme (the Python layer reads them).
+SHIFT_RANGES: dict[str, tuple[int, int]]
+MULTIPLIER_RANGES: dict[str, tuple[int, int]]
