@@ -643,11 +643,14 @@ cdef void accumulate_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef int64_t lo = w.lo, hi = w.hi
     cdef uint64_t mask = w.mask
     cdef Py_ssize_t c, k
+    cdef bint contiguous = True
     start = <int64_t>w.init[item * w.rows + row]
     # the bias is loaded into the register: it is reduced to the width like every sum
     start = saturate_to(start, lo, hi) if w.saturate else wrap_to(start, lo, mask)
     for c in range(width):
         acc[c] = start
+        if n_off[c] != n_off[0] + c:
+            contiguous = False
     for k in range(w.depth):
         av = arow[k]
         # a zero product leaves every register unchanged under both rules (it holds a
@@ -655,7 +658,17 @@ cdef void accumulate_task(const void* work, Py_ssize_t task) noexcept nogil:
         if av == 0:
             continue
         src = base + w.k_off[k]
-        if w.saturate:
+        # adjacent columns (every matmul, a convolution's row at stride 1) read as a run,
+        # which vectorizes; otherwise through the offsets
+        if contiguous:
+            src = src + n_off[0]
+            if w.saturate:
+                for c in range(width):
+                    acc[c] = saturate_to(acc[c] + av * src[c], lo, hi)
+            else:
+                for c in range(width):
+                    acc[c] = wrap_to(acc[c] + av * src[c], lo, mask)
+        elif w.saturate:
             for c in range(width):
                 acc[c] = saturate_to(acc[c] + av * src[n_off[c]], lo, hi)
         else:
