@@ -156,9 +156,9 @@ def test_one_product_beyond_a_narrow_register():
 
 
 def test_qlinear_conv_bias_is_the_initial_register():
-    # bias 40000 into int16-saturate is 32767 before any product; the first product -100
-    # then gives 32667, and the exact rule's unit scales keep it (clipped to uint8 later
-    # only by y: y_scale 256 makes it 32667 / 256 = 127.6 -> 128).
+    # bias 40000 into int16-saturate is 32767 before any product; the product -100 then
+    # gives 32667, requantized by the exact rule: 32667 / 256 = 127.6 -> 128 (with the bias
+    # added after the sum, as an int32 register, it would be 39900 / 256 -> 156).
     x = np.uint8([[[[1]]]])
     w = np.int8([[[[-100]]]])
     one = np.float32(1.0)
@@ -167,7 +167,7 @@ def test_qlinear_conv_bias_is_the_initial_register():
     assert y.tolist() == [[[[128]]]]
     acc = conv_oracle([[[[1]]]], [[[[-100]]]], 0, 0, [40000], 1, [0, 0, 0, 0], [1, 1], [1, 1], "int16-saturate")
     assert acc.tolist() == [[[[32667]]]]
-    # wrapped: 40000 -> 40000 - 65536 = -25536, then -25636; exact rule: -100.14 -> clipped to 0
+    # wrapped: 40000 -> 40000 - 65536 = -25536, then -25636; exact rule: -100.14 -> -100, + 200
     y = qemu_q.qlinear_conv(x, one, np.uint8(0), w, one, np.int8(0), np.float32(256.0), np.uint8(200),
                             np.int32([40000]), accumulator="int16")
     assert y.tolist() == [[[[200 - 100]]]]
