@@ -1,6 +1,7 @@
 # The integer datapath's kernels (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv):
 # the exact int16 GEMM with int32 sums wrapping modulo 2**32, the VPMADDUBSW
-# pair-saturating accumulation profile, and the requantization under the three named rules
+# pair-saturating accumulation profile, the narrow/saturating accumulators (summed in
+# order), and the requantization under the three named rules
 # of docs/semantics.md. Built once per instruction-set level (setup.py: ISA_MODULES); the
 # levels differ in vector width only, never in a bit.
 
@@ -555,6 +556,185 @@ def pair_sums_u8s8(const uint8_t[:, :, ::1] a, const int8_t[:, :, ::1] bt, int32
     work.out = &out[0, 0, 0]
     with nogil:
         run_tasks(pairs_task, &work, work.batch * work.rows, n_threads)
+
+
+# --- narrow and saturating accumulators ----------------------------------------------------
+#
+# A MAC array's accumulator register of `width` bits (8..32) that wraps modulo 2**width or
+# saturates at [-2**(width-1), 2**(width-1) - 1] after every addition. Saturation makes the
+# result depend on the order, so each output is summed by one thread in the documented
+# order k = 0, 1, ..., K-1 (docs/semantics.md, "Accumulator profiles"): a task holds one row
+# of a against a block of columns and walks K once, every column's register updated per k.
+# The same operand layout as gemm_s16 (codes minus zero points as int16, B read through
+# offsets), so convolutions read their im2col columns in place here too.
+
+cdef enum:
+    ACC_COLS = 256
+
+
+cdef class AccumulatorConfig:
+    """The geometry of one sequential accumulation (as GemmConfig) and its accumulator:
+    `width` bits, wrapping (saturate=False) or saturating after every addition."""
+    cdef readonly Py_ssize_t items
+    cdef readonly Py_ssize_t rows
+    cdef readonly Py_ssize_t depth
+    cdef readonly Py_ssize_t cols
+    cdef readonly int width
+    cdef readonly bint saturate
+
+    def __init__(self, *, Py_ssize_t items, Py_ssize_t rows, Py_ssize_t depth, Py_ssize_t cols,
+                 int width, bint saturate):
+        if items < 0 or rows < 0 or depth < 0 or cols < 0:
+            raise ValueError(f"AccumulatorConfig: negative size (items={items}, rows={rows}, "
+                             f"depth={depth}, cols={cols})")
+        if not 8 <= width <= 32:
+            raise ValueError(f"AccumulatorConfig: width={width}; allowed 8..32")
+        self.items = items
+        self.rows = rows
+        self.depth = depth
+        self.cols = cols
+        self.width = width
+        self.saturate = saturate
+
+
+cdef struct AccumulateWork:
+    const int16_t* a
+    const int16_t* b
+    const Py_ssize_t* b_base
+    const Py_ssize_t* k_off
+    const Py_ssize_t* n_off
+    const Py_ssize_t* a_item
+    const Py_ssize_t* b_item
+    const int32_t* init       # [items, rows]: each register's initial value (a bias)
+    int32_t* out              # [items, rows, cols]
+    Py_ssize_t rows
+    Py_ssize_t depth
+    Py_ssize_t cols
+    Py_ssize_t col_blocks
+    int64_t lo
+    int64_t hi
+    uint64_t mask
+    bint saturate
+
+
+cdef inline int64_t wrap_to(int64_t v, int64_t lo, uint64_t mask) noexcept nogil:
+    # (v - lo) mod 2**width + lo, in unsigned arithmetic (no signed overflow to rely on)
+    return <int64_t>((<uint64_t>v - <uint64_t>lo) & mask) + lo
+
+
+cdef inline int64_t saturate_to(int64_t v, int64_t lo, int64_t hi) noexcept nogil:
+    return lo if v < lo else (hi if v > hi else v)
+
+
+cdef void accumulate_task(const void* work, Py_ssize_t task) noexcept nogil:
+    cdef const AccumulateWork* w = <const AccumulateWork*>work
+    cdef Py_ssize_t per_item = w.rows * w.col_blocks
+    cdef Py_ssize_t item = task // per_item
+    cdef Py_ssize_t row = (task % per_item) // w.col_blocks
+    cdef Py_ssize_t first = (task % w.col_blocks) * ACC_COLS
+    cdef Py_ssize_t width = min(<Py_ssize_t>ACC_COLS, w.cols - first)
+    cdef const int16_t* arow = w.a + (w.a_item[item] * w.rows + row) * w.depth
+    cdef const int16_t* base = w.b + w.b_base[w.b_item[item]]
+    cdef const int16_t* src
+    cdef const Py_ssize_t* n_off = w.n_off + first
+    cdef int32_t* out = w.out + (item * w.rows + row) * w.cols + first
+    cdef int64_t acc[ACC_COLS]
+    cdef int64_t start, av
+    cdef int64_t lo = w.lo, hi = w.hi
+    cdef uint64_t mask = w.mask
+    cdef Py_ssize_t c, k
+    cdef bint contiguous = True
+    start = <int64_t>w.init[item * w.rows + row]
+    # the bias is loaded into the register: it is reduced to the width like every sum
+    start = saturate_to(start, lo, hi) if w.saturate else wrap_to(start, lo, mask)
+    for c in range(width):
+        acc[c] = start
+        if n_off[c] != n_off[0] + c:
+            contiguous = False
+    for k in range(w.depth):
+        av = arow[k]
+        # a zero product leaves every register unchanged under both rules (it holds a
+        # value of the range already)
+        if av == 0:
+            continue
+        src = base + w.k_off[k]
+        # adjacent columns (every matmul, a convolution's row at stride 1) read as a run,
+        # which vectorizes; otherwise through the offsets
+        if contiguous:
+            src = src + n_off[0]
+            if w.saturate:
+                for c in range(width):
+                    acc[c] = saturate_to(acc[c] + av * src[c], lo, hi)
+            else:
+                for c in range(width):
+                    acc[c] = wrap_to(acc[c] + av * src[c], lo, mask)
+        elif w.saturate:
+            for c in range(width):
+                acc[c] = saturate_to(acc[c] + av * src[n_off[c]], lo, hi)
+        else:
+            for c in range(width):
+                acc[c] = wrap_to(acc[c] + av * src[n_off[c]], lo, mask)
+    for c in range(width):
+        out[c] = <int32_t>acc[c]
+
+
+def accumulate(const int16_t[:, :, ::1] a, const int16_t[::1] b, const Py_ssize_t[::1] b_base,
+               const Py_ssize_t[::1] k_off, const Py_ssize_t[::1] n_off,
+               const Py_ssize_t[::1] a_item, const Py_ssize_t[::1] b_item,
+               const int32_t[:, ::1] init, int32_t[:, :, ::1] out, AccumulatorConfig config,
+               int n_threads):
+    """out[t, r, n] = the register after K additions, in order k = 0..K-1, starting from
+    init[t, r]: acc <- R(acc + a[a_item[t], r, k] * B(b_item[t])[k, n]), R the config's wrap
+    or saturation to `width` bits (init reduced by R first). B as in gemm_s16."""
+    cdef AccumulateWork work
+    cdef Py_ssize_t t, reach = 0
+    cdef Py_ssize_t lowest_k = 0, lowest_n = 0, lowest_base = 0, highest_k = 0, highest_n = 0
+    if (a.shape[1] != config.rows or a.shape[2] != config.depth or k_off.shape[0] != config.depth
+            or n_off.shape[0] != config.cols or out.shape[0] != config.items
+            or out.shape[1] != config.rows or out.shape[2] != config.cols
+            or a_item.shape[0] != config.items or b_item.shape[0] != config.items
+            or init.shape[0] != config.items or init.shape[1] != config.rows):
+        raise ValueError("accumulate: the arrays do not match the configuration")
+    for t in range(config.items):
+        if not (0 <= a_item[t] < a.shape[0] and 0 <= b_item[t] < b_base.shape[0]):
+            raise ValueError("accumulate: an item index is out of range")
+    if out.size == 0:
+        return
+    if config.depth > 0:
+        for t in range(b_base.shape[0]):
+            reach = max(reach, b_base[t])
+            lowest_base = min(lowest_base, b_base[t])
+        for t in range(config.depth):
+            lowest_k = min(lowest_k, k_off[t])
+            highest_k = max(highest_k, k_off[t])
+        for t in range(config.cols):
+            lowest_n = min(lowest_n, n_off[t])
+            highest_n = max(highest_n, n_off[t])
+        if lowest_base < 0 or lowest_k < 0 or lowest_n < 0 or reach + highest_k + highest_n >= b.shape[0]:
+            raise ValueError("accumulate: the offsets reach outside b")
+        work.a = &a[0, 0, 0]
+        work.b = &b[0]
+        work.k_off = &k_off[0]
+    else:
+        work.a = NULL
+        work.b = NULL
+        work.k_off = NULL
+    work.b_base = &b_base[0]
+    work.n_off = &n_off[0]
+    work.a_item = &a_item[0]
+    work.b_item = &b_item[0]
+    work.init = &init[0, 0]
+    work.out = &out[0, 0, 0]
+    work.rows = config.rows
+    work.depth = config.depth
+    work.cols = config.cols
+    work.col_blocks = (config.cols + ACC_COLS - 1) // ACC_COLS
+    work.lo = -(<int64_t>1 << (config.width - 1))
+    work.hi = (<int64_t>1 << (config.width - 1)) - 1
+    work.mask = (<uint64_t>1 << config.width) - 1
+    work.saturate = config.saturate
+    with nogil:
+        run_tasks(accumulate_task, &work, config.items * config.rows * work.col_blocks, n_threads)
 
 
 # --- requantization ----------------------------------------------------------------------

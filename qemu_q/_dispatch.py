@@ -29,6 +29,7 @@ class Path(Enum):
     MX_QUANTIZE = "mx_quantize"              # OCP MX: shared scales and codes (one per byte or packed)
     NVFP4_QUANTIZE = "nvfp4_quantize"
     INTEGER_GEMM = "integer_gemm"            # exact int16 GEMM, int32 wrap (integer datapath)
+    INTEGER_ACCUMULATE = "integer_accumulate"  # a narrow/saturating accumulator, k in order
     PAIR_SUMS = "pair_sums"                  # the VPMADDUBSW pair-saturating accumulator
     REQUANTIZE = "requantize"                # int32 accumulators -> codes under a named rule
     FLOAT_MATMUL = "float_matmul"            # QLinearMatMul-21 with float8 operands: exact sums, requantized
@@ -48,6 +49,7 @@ KERNEL_ENTRIES = {
     Path.MX_QUANTIZE: ("mx", "mx_quantize"),
     Path.NVFP4_QUANTIZE: ("nvfp4", "quantize"),
     Path.INTEGER_GEMM: ("integer", "gemm_s16"),
+    Path.INTEGER_ACCUMULATE: ("integer", "accumulate"),
     Path.PAIR_SUMS: ("integer", "pair_sums_u8s8"),
     Path.REQUANTIZE: ("integer", "requantize"),
     Path.FLOAT_MATMUL: ("integer", "float_matmul_requantize"),

@@ -375,7 +375,7 @@ def test_streamed_large_quantize_outputs(qtype, axis, restore_kernels):
 # ------------------------------------------------ the integer datapath: thread-count independence
 
 @pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
-@pytest.mark.parametrize("accumulator", ["int32", "x86-u8s8-pairs"])
+@pytest.mark.parametrize("accumulator", ["int32", "x86-u8s8-pairs", "int32-saturate", "int16", "int24-saturate"])
 def test_integer_datapath_threads(rule, accumulator, restore_kernels):
     # every thread count on the best level, and every other built level, give the same bits
     rng = np.random.default_rng(13)
@@ -398,7 +398,9 @@ def test_integer_datapath_threads(rule, accumulator, restore_kernels):
         results.append((
             qemu_q.matmul_integer(a, b, np.uint8(7), np.int8(-5), accumulator=accumulator, n_threads=n),
             qemu_q.qlinear_matmul(*args, requantization=rule, accumulator=accumulator, n_threads=n),
-            qemu_q.conv_integer(x, w, np.uint8(3), np.int8(1), group=2, pads=[1, 0, 2, 1], n_threads=n),
+            qemu_q.conv_integer(x, w, np.uint8(3), np.int8(1), group=2, pads=[1, 0, 2, 1],
+                                accumulator="int32" if accumulator == "x86-u8s8-pairs" else accumulator,
+                                n_threads=n),
             qemu_q.qlinear_conv(*conv_args, group=2, strides=[2, 1], auto_pad="SAME_LOWER",
                                 requantization=rule, accumulator=accumulator, n_threads=n),
             qemu_q.qlinear_matmul(f8a, np.float32(0.5), zero8, f8b, np.float32(0.25), zero8, np.float32(3.0),

@@ -1,5 +1,6 @@
 """What MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv share: the exact GEMM and
-its int32 wrap, the pair-saturating accumulator profile, parameter checks, and the
+its int32 wrap, the pair-saturating accumulator profile, the named narrow and saturating
+accumulators (`parse_accumulator`, `sequential_gemm`), parameter checks, and the
 requantization under a named rule (docs/semantics.md, "Integer datapath")."""
 
 from __future__ import annotations
@@ -16,6 +17,39 @@ from .._threads import resolve_threads
 
 REQUANTIZATION_RULES = ("exact", "float32", "float64")
 ACCUMULATORS = ("int32", "x86-u8s8-pairs")
+# "int<N>" wraps modulo 2**N, "int<N>-saturate" saturates, after every addition in k order
+# (docs/semantics.md, "Accumulator profiles"); N is bounded by the int32 output tensor.
+ACCUMULATOR_WIDTHS = (8, 32)
+ACCUMULATORS_ALLOWED = ("'int32' (ONNX: wrap modulo 2**32), 'x86-u8s8-pairs', "
+                        "'int<N>' (wrap) or 'int<N>-saturate' for N in 8..32 "
+                        "(e.g. 'int32-saturate', 'int24', 'int24-saturate', 'int16', 'int16-saturate')")
+
+
+def _accumulator_error(value) -> ValueError:
+    return ValueError(f"accumulator={value!r}; allowed: {ACCUMULATORS_ALLOWED}")
+
+
+def parse_accumulator(value) -> tuple[str, tuple[int, bool] | None]:
+    """An `accumulator=` value checked: (the canonical name, (width, saturate) for the
+    sequential kernel or None for the exact GEMM ("int32": order-independent, so the fast
+    GEMM is exact) and the pair profile."""
+    if not isinstance(value, str):
+        raise _accumulator_error(value)
+    if value in ACCUMULATORS:
+        return value, None
+    name = value
+    saturate = name.endswith("-saturate")
+    if saturate:
+        name = name[:-len("-saturate")]
+    digits = name[3:]
+    # plain ASCII decimal, no sign, no leading zero: one spelling per accumulator
+    if not (name.startswith("int") and digits.isascii() and digits.isdigit()
+            and not digits.startswith("0")):
+        raise _accumulator_error(value)
+    width = int(digits)
+    if not ACCUMULATOR_WIDTHS[0] <= width <= ACCUMULATOR_WIDTHS[1]:
+        raise _accumulator_error(value)
+    return value, (width, saturate)
 
 def check_choice(value, name: str, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
@@ -38,7 +72,7 @@ def coerce_qlinear(requantization, accumulator,
     from .. import _coerce
 
     rule = check_choice(requantization, "requantization", REQUANTIZATION_RULES)
-    accumulator = check_choice(accumulator, "accumulator", ACCUMULATORS)
+    accumulator, _ = parse_accumulator(accumulator)
     return rule, accumulator, [(name, _coerce.as_array(value, name)) for name, value in inputs.items()]
 
 
@@ -77,14 +111,42 @@ def exact_gemm(a: np.ndarray, b: np.ndarray, b_base: np.ndarray, k_offsets: np.n
     return out
 
 
+def sequential_gemm(a: np.ndarray, b: np.ndarray, b_base: np.ndarray, k_offsets: np.ndarray,
+                    n_offsets: np.ndarray, a_index: np.ndarray, b_index: np.ndarray,
+                    init: np.ndarray | None, accumulator: tuple[int, bool], n_threads) -> np.ndarray:
+    """exact_gemm's operands through a `width`-bit accumulator register that wraps or
+    saturates after every addition, k = 0..K-1 in order (pyx/_integer.pyx, accumulate);
+    init int32 [len(a_index), M] (the register's initial value, reduced to the width first)
+    or None for 0. int32 [len(a_index), M, N]."""
+    width, saturate = accumulator
+    a = np.ascontiguousarray(a, dtype=np.int16)
+    items, (rows, depth), cols = len(a_index), a.shape[1:], len(n_offsets)
+    out = np.empty((items, rows, cols), dtype=np.int32)
+    init = np.zeros((items, rows), np.int32) if init is None else np.ascontiguousarray(init, dtype=np.int32)
+    module = _dispatch.entry_module(Path.INTEGER_ACCUMULATE)
+    config = module.AccumulatorConfig(items=items, rows=rows, depth=depth, cols=cols, width=width,
+                                      saturate=saturate)
+    intp = np.intp
+    _dispatch.run(Path.INTEGER_ACCUMULATE, a, np.ascontiguousarray(b, dtype=np.int16).reshape(-1),
+                  np.ascontiguousarray(b_base, dtype=intp), np.ascontiguousarray(k_offsets, dtype=intp),
+                  np.ascontiguousarray(n_offsets, dtype=intp), np.ascontiguousarray(a_index, dtype=intp),
+                  np.ascontiguousarray(b_index, dtype=intp), init, out, config,
+                  resolve_threads(n_threads, out.size * max(1, depth)))
+    return out
+
+
 def exact_matmul(a: np.ndarray, b: np.ndarray, a_index: np.ndarray, b_index: np.ndarray,
-                 n_threads) -> np.ndarray:
-    """exact_gemm of a int16 [A, M, K] by b int16 [B, K, N] (contiguous matrices)."""
+                 n_threads, accumulator: tuple[int, bool] | None = None) -> np.ndarray:
+    """exact_gemm of a int16 [A, M, K] by b int16 [B, K, N] (contiguous matrices); through
+    sequential_gemm when `accumulator` is (width, saturate)."""
     b = np.ascontiguousarray(b, dtype=np.int16)
     count, depth, cols = b.shape
-    return exact_gemm(a, b, np.arange(count, dtype=np.intp) * depth * cols,
-                      np.arange(depth, dtype=np.intp) * cols, np.arange(cols, dtype=np.intp),
-                      a_index, b_index, n_threads)
+    operands = (a, b, np.arange(count, dtype=np.intp) * depth * cols,
+                np.arange(depth, dtype=np.intp) * cols, np.arange(cols, dtype=np.intp),
+                a_index, b_index)
+    if accumulator is not None:
+        return sequential_gemm(*operands, None, accumulator, n_threads)
+    return exact_gemm(*operands, n_threads)
 
 
 def flatten_leading(array: np.ndarray, *tail: int) -> np.ndarray:

@@ -39,6 +39,7 @@ class ConvPlan:
     out_spatial: tuple
     w_zp_per_channel: bool
     pairs: bool
+    narrow: tuple | None   # (width, saturate): a named accumulator summed in k order
 
 
 def _ints(value, name: str, rank: int, where: str, minimum: int) -> tuple | None:
@@ -129,9 +130,10 @@ def _plan(op_type, opset, x_sig, w_sig, x_zp_sig, w_zp_sig, auto_pad, dilations,
         and out_channels != 1
     pairs = (accumulator == "x86-u8s8-pairs" and op_type == "QLinearConv" and x_type.name == "uint8"
              and w_type.name == "int8" and (channels // group) % 2 == 0)
+    _, narrow = dp.parse_accumulator(accumulator)
     return ConvPlan(where, x_type, w_type, batch, channels, out_channels, group, kernel,
                     strides_t, dilations_t, tuple(begin), tuple(end), tuple(out_spatial),
-                    w_zp_per_channel, pairs)
+                    w_zp_per_channel, pairs, narrow)
 
 
 def _windows(padded: np.ndarray, plan: ConvPlan) -> np.ndarray:
@@ -215,10 +217,16 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
         w_zp_values.astype(np.int16).reshape((-1,) + (1,) * (rank + 1))
     w_mat = w_vals.reshape(groups, m_g, c_g * taps)
     # one GEMM item per (image, group): that group's filters times its columns
-    acc = dp.exact_gemm(w_mat, padded, b_base, k_offsets.reshape(-1), n_offsets.reshape(-1),
-                        np.tile(np.arange(groups, dtype=np.intp), plan.batch),
-                        np.arange(plan.batch * groups, dtype=np.intp), n_threads)
-    acc = acc.reshape(plan.batch, plan.out_channels, positions)
+    operands = (w_mat, padded, b_base, k_offsets.reshape(-1), n_offsets.reshape(-1),
+                np.tile(np.arange(groups, dtype=np.intp), plan.batch),
+                np.arange(plan.batch * groups, dtype=np.intp))
+    if plan.narrow is not None:
+        # k runs over w's [C/group, k1, ..., kn] in row-major order; the bias is the
+        # register's initial value
+        init = None if bias is None else np.tile(bias.astype(np.int32).reshape(groups, m_g), (plan.batch, 1))
+        acc = dp.sequential_gemm(*operands, init, plan.narrow, n_threads)
+        return acc.reshape(plan.batch, plan.out_channels, positions)
+    acc = dp.exact_gemm(*operands, n_threads).reshape(plan.batch, plan.out_channels, positions)
     if bias is not None:
         acc += bias.astype(np.int32)[None, :, None]  # int32 arrays add modulo 2**32
     return acc
@@ -254,10 +262,11 @@ def conv_integer(x: Array, w: Array, x_zero_point: Array | None = None,
                  out: np.ndarray | None = None, n_threads: int | None = None) -> np.ndarray:
     """ONNX ConvInteger-10: int32 convolution of (x - x_zero_point) and (w - w_zero_point),
     exact products, sums wrapped modulo 2**32; padding carries the zero point. The
-    "x86-u8s8-pairs" accumulator changes nothing here (docs/semantics.md)."""
+    "x86-u8s8-pairs" accumulator changes nothing here; "int<N>" / "int<N>-saturate"
+    (N in 8..32) sum in k order through an N-bit register (docs/semantics.md)."""
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
-    accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
+    accumulator, _ = dp.parse_accumulator(accumulator)
     x = _coerce.as_array(x, "x")
     w = _coerce.as_array(w, "w")
     x_zero_point = _coerce.optional_array(x_zero_point, "x_zero_point")

@@ -32,6 +32,7 @@ class MatmulPlan:
     a_zp_shape: tuple | None   # the shape the zero point (and scale) broadcasts as, against a as [..., M, K]
     b_zp_shape: tuple | None
     pairs: bool            # the x86-u8s8-pairs profile applies
+    narrow: tuple | None   # (width, saturate): a named accumulator summed in k order
 
 
 def _zero_point_shape(where, name, shape, operand_shape, per_row: bool):
@@ -101,8 +102,13 @@ def _plan(op_type, opset, a_sig, b_sig, a_zp_sig, b_zp_sig, accumulator) -> Matm
         zp_shapes.append(_zero_point_shape(where, name, zp.shape, operand.shape if operand.ndim > 1 else (), per_row)
                          if operand.ndim > 1 else _zero_point_shape(where, name, zp.shape, (), per_row))
     pairs = (accumulator == "x86-u8s8-pairs" and a_type.name == "uint8" and b_type.name == "int8")
+    _, narrow = dp.parse_accumulator(accumulator)
+    if narrow is not None and "small_float" in (a_type.kind, b_type.kind):
+        raise ValueError(f"{where}: accumulator={accumulator!r} needs integer operands; with a float8 "
+                         f"operand ({a_name} {a_type.name}, {b_name} {b_type.name}) the sums are exact "
+                         f"(allowed: 'int32', 'x86-u8s8-pairs')")
     return MatmulPlan(where, a_type, b_type, tuple(batch), a_shape[-2], a_shape[-1], b_shape[-1],
-                      out_shape, zp_shapes[0], zp_shapes[1], pairs)
+                      out_shape, zp_shapes[0], zp_shapes[1], pairs, narrow)
 
 
 def _operands(plan: MatmulPlan, a, b):
@@ -140,7 +146,7 @@ def _accumulate(plan: MatmulPlan, a, b, a_zp, b_zp, n_threads) -> np.ndarray:
     b_vals = dp.int_values(b, plan.b_type).astype(np.int16) - b_zp_b.astype(np.int16)
     acc = dp.exact_matmul(dp.flatten_leading(a_vals, m, k), dp.flatten_leading(b_vals, k, n),
                         dp.item_index(a_vals.shape[:-2], plan.batch),
-                        dp.item_index(b_vals.shape[:-2], plan.batch), n_threads)
+                        dp.item_index(b_vals.shape[:-2], plan.batch), n_threads, plan.narrow)
     return acc.reshape(plan.batch + (m, n))
 
 
@@ -168,10 +174,12 @@ def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None,
                    n_threads: int | None = None) -> np.ndarray:
     """ONNX MatMulInteger-10: int32 (a - a_zero_point) @ (b - b_zero_point), numpy.matmul
     broadcasting, exact products, the sum wrapped modulo 2**32 (docs/semantics.md).
-    `accumulator="x86-u8s8-pairs"` models onnxruntime's VPMADDUBSW (uint8 a, int8 b)."""
+    `accumulator="x86-u8s8-pairs"` models onnxruntime's VPMADDUBSW (uint8 a, int8 b);
+    "int<N>" / "int<N>-saturate" (N in 8..32, e.g. "int32-saturate", "int16") a MAC
+    array's N-bit register wrapping or saturating after every addition, k in order."""
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
-    accumulator = dp.check_choice(accumulator, "accumulator", dp.ACCUMULATORS)
+    accumulator, _ = dp.parse_accumulator(accumulator)
     a = _coerce.as_array(a, "A")
     b = _coerce.as_array(b, "B")
     a_zero_point = _coerce.optional_array(a_zero_point, "a_zero_point")
