@@ -29,6 +29,7 @@ PRECISIONS = {
     "bfloat16": (7, -126, Fraction(2**8 - 1, 2**7) * 2**127),
     "float64": (52, -1022, Fraction(2**53 - 1, 2**52) * 2**1023),
 }
+PRECISIONS["float32"] = PRECISIONS["float"]
 # Integer outputs: (lo, hi).
 INTEGERS = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535),
             "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
