@@ -64,20 +64,20 @@ def round_nearest_even_to(value: Fraction, precision: str):
     return r if value > 0 else -r
 
 
-def round_magnitude(whole: int, rest: Fraction, negative: bool, rounding: str, word: int) -> int:
-    """The magnitude whole + rest (0 <= rest < 1) rounded to an integer by the mode; the
-    value's sign is `negative` (docs/semantics.md, the rounding table)."""
-    if rest == 0:
+def round_magnitude(whole: int, rem: int, den: int, negative: bool, rounding: str, word: int) -> int:
+    """The magnitude whole + rem/den (0 <= rem < den) rounded to an integer by the mode; the
+    value's sign is `negative` (docs/semantics.md, the rounding table). Integers only."""
+    if rem == 0:
         return whole
-    half = Fraction(1, 2)
+    above, tie = 2 * rem > den, 2 * rem == den
     if rounding == "half_even":
-        up = rest > half or (rest == half and whole % 2 == 1)
+        up = above or (tie and whole % 2 == 1)
     elif rounding == "half_away":
-        up = rest >= half
+        up = above or tie
     elif rounding == "half_up":
-        up = rest > half or (rest == half and not negative)
+        up = above or (tie and not negative)
     elif rounding == "half_down":
-        up = rest > half or (rest == half and negative)
+        up = above or (tie and negative)
     elif rounding == "toward_zero":
         up = False
     elif rounding == "down":
@@ -88,14 +88,35 @@ def round_magnitude(whole: int, rest: Fraction, negative: bool, rounding: str, w
         up = whole % 2 == 0
     elif rounding == "stochastic":
         # The first 32 bits of the fraction, plus the word: a carry out rounds up.
-        f = (rest * TWO32).numerator // (rest * TWO32).denominator
-        up = f + word >= TWO32
+        up = (rem * TWO32) // den + word >= TWO32
     else:
         raise AssertionError(rounding)
     return whole + 1 if up else whole
 
 
+def split(a: Fraction, ulp_exponent: int) -> tuple[int, int, int]:
+    """a / 2**ulp_exponent as (whole, rem, den): whole + rem / den, 0 <= rem < den."""
+    num, den = a.numerator, a.denominator
+    if ulp_exponent >= 0:
+        den <<= ulp_exponent
+    else:
+        num <<= -ulp_exponent
+    whole, rem = divmod(num, den)
+    return whole, rem, den
+
+
 def quotient(x, s: Fraction, dp: dict, precision: str, x_type: str, scale_type: str):
+    key = (repr(x), math.copysign(1.0, x) if isinstance(x, float) else 0, s, dp.get("subnormals", "keep") in ("flush_inputs", "flush_both"),
+           dp.get("scale", "divide"), dp.get("scale_precision"), precision, x_type, scale_type)
+    if key not in _QUOTIENTS:
+        _QUOTIENTS[key] = _quotient(x, s, dp, precision, x_type, scale_type)
+    return _QUOTIENTS[key]
+
+
+_QUOTIENTS: dict = {}
+
+
+def _quotient(x, s: Fraction, dp: dict, precision: str, x_type: str, scale_type: str):
     """The quotient as the datapath forms it: a Fraction, or a float (+-inf, NaN).
     x: a Fraction or a float inf/NaN (or -0.0); s: a Fraction (finite, nonzero here)."""
     flush = dp.get("subnormals", "keep") in ("flush_inputs", "flush_both")
@@ -151,11 +172,11 @@ def to_integer(q, negative: bool, zero_point: int, out: str, dp: dict, word: int
         if rule == "max":
             return hi
         q = Fraction(0)
+    if isinstance(q, float) and q == 0.0:  # a signed zero
+        q = Fraction(0)
     if isinstance(q, float):  # +-inf
         return lo if q < 0 else hi
-    a = abs(q)
-    whole = a.numerator // a.denominator
-    n = round_magnitude(whole, a - whole, negative, dp.get("rounding", "half_even"), word)
+    n = round_magnitude(*split(abs(q), 0), negative, dp.get("rounding", "half_even"), word)
     v = (-n if negative else n) + zero_point
     return min(max(v, lo), hi)
 
@@ -172,12 +193,10 @@ def to_small_float(q, negative: bool, fmt, dp: dict, word: int, saturate: int, o
     if q == 0:
         return _encode(fmt, Fraction(0), negative, saturate, opset, nan)
     a = abs(q)
-    e = max(floor_log2(a), fmt.min_normal_exp)
-    ulp = Fraction(2) ** (e - fmt.man_bits)
-    t = a / ulp
-    whole = t.numerator // t.denominator
-    r = round_magnitude(whole, t - whole, negative, dp.get("rounding", "half_even"), word) * ulp
-    if dp.get("subnormals", "keep") in ("flush_outputs", "flush_both") and r < Fraction(2) ** fmt.min_normal_exp:
+    u = max(floor_log2(a), fmt.min_normal_exp) - fmt.man_bits
+    n = round_magnitude(*split(a, u), negative, dp.get("rounding", "half_even"), word)
+    r = Fraction(n << u) if u >= 0 else Fraction(n, 1 << -u)
+    if dp.get("subnormals", "keep") in ("flush_outputs", "flush_both") and n and u + n.bit_length() - 1 < fmt.min_normal_exp:
         r = Fraction(0)
     return _encode(fmt, r, negative, saturate, opset, nan)
 
@@ -211,7 +230,8 @@ def quantize_array(x: np.ndarray, scale: float, zero_point, out: str, dp: dict, 
     cache = {}
     for i, v in enumerate(flat.tolist()):
         word = int(words[i])
-        key = (math.copysign(1.0, v) if v == 0.0 else v, word) if not math.isnan(v) else ("nan", math.copysign(1.0, v), word)
+        # Zeros and NaNs keyed by their sign, the rest by value.
+        key = (v, word) if v == v and v != 0.0 else (repr(v), math.copysign(1.0, v), word)
         if key in cache:
             result[i] = cache[key]
             continue
