@@ -222,7 +222,8 @@ def quantize_array(x: np.ndarray, scale: float, zero_point, out: str, dp: dict, 
     """Every element of x (any float dtype) with one scale, as uint codes (the storage's
     unsigned view for integers: the code masked to its width)."""
     s = Fraction(float(scale))
-    flat = np.asarray(x, dtype=np.float64).ravel()  # float16/bfloat16/float32: exact
+    with np.errstate(invalid="ignore"):  # signalling NaNs: quieted, their sign kept
+        flat = np.asarray(x, dtype=np.float64).ravel()  # float16/bfloat16/float32: exact
     words = np.zeros(flat.size, np.uint64) if words is None else np.asarray(words).ravel()
     integer = out in INTEGERS
     bits = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int4": 4, "uint4": 4, "int2": 2, "uint2": 2}
