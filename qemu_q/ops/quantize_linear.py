@@ -103,11 +103,13 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     if datapath.nan == "canonical":
         nan = "canonical"
     float64_quotient = False
+    precision_format = precision_type.value_format
     if use_datapath:
         fast_divide = False
         if datapath.scale_precision is not None:
+            # "float64" is the config's own flag; "float32" a value format.
             float64_quotient = datapath.scale_precision == "float64"
-            precision_type = None
+            precision_format = FMT_FLOAT32
     # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
     if use_datapath:
         path = PATH_GENERAL
@@ -126,8 +128,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     fields = dict(
         outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
         block_size=gran.block_size, x_format=x_type.value_format,
-        precision=FMT_FLOAT32 if precision_type is None else precision_type.value_format,
-        fast_divide=fast_divide,
+        precision=precision_format, fast_divide=fast_divide,
         code_kind=CODE_INTEGER if integer else CODE_SMALL_FLOAT,
         lo=out_type.lo if integer else 0, hi=out_type.hi if integer else 0,
         mask=(1 << out_type.bits) - 1 if integer else 0,
