@@ -350,3 +350,36 @@ def test_datapath_in_the_plan_cache():
     b = qemu_q.quantize_linear(x, np.float32(1), datapath=qemu_q.Datapath(rounding="down"), output_dtype="int8")
     c = qemu_q.quantize_linear(x, np.float32(1), output_dtype="int8")
     assert (a.tolist(), b.tolist(), c.tolist()) == ([1, 2, 0], [0, 1, -1], [0, 2, 0])
+
+
+@pytest.mark.parametrize("rounding", ["half_away", "to_odd", "down"])
+@pytest.mark.parametrize("scale_mode", [("divide", None), ("reciprocal", "float32"), ("reciprocal", "float64")])
+def test_int32_x_and_uint8_zero_point(rounding, scale_mode):
+    # int32 x has 31 significant bits: the float32 reciprocal product is not exact in
+    # double, the kernel's FMA error term decides its rounding.
+    rng = np.random.default_rng(4)
+    x = rng.integers(-2**31, 2**31, 4000, dtype=np.int64).astype(np.int32)
+    x[:6] = [2**31 - 1, -2**31, 0, 1, -1, 3 * 2**24 + 1]
+    s = np.float32(1.7e7)
+    dp = dict(rounding=rounding, scale=scale_mode[0], scale_precision=scale_mode[1])
+    got = qemu_q.quantize_linear(x, s, np.uint8(100), datapath=qemu_q.Datapath(**dp))
+    want = []
+    for v in x.tolist():
+        q = oracle.quotient(Fraction(v), Fraction(float(s)), dp, "float", "int32", "float")
+        want.append(oracle.to_integer(q, q < 0, 100, "uint8", dp, 0))
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("rounding", ["half_up", "stochastic"])
+def test_per_axis_float16(rounding):
+    x = ALL_F16[ALL_F16 == ALL_F16][:60000].reshape(3, 20000)  # no NaN: one oracle path
+    scale = np.array([0.3, 1.0, 7.5], np.float16)
+    words = random_words(x.shape, 9) if rounding == "stochastic" else None
+    dp = {"rounding": rounding}
+    got = qemu_q.quantize_linear(x, scale, output_dtype="int16", axis=0, datapath=qemu_q.Datapath(**dp),
+                                 random_bits=words)
+    for row in range(3):
+        want = oracle.quantize_array(x[row], float(scale[row]), None, "int16", dp,
+                                     words=None if words is None else words[row], precision="float16",
+                                     x_type="float16", scale_type="float16")
+        check(got[row], want, f"row {row}")
