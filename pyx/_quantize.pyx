@@ -134,6 +134,7 @@ cdef struct QuantizePlan:
     int rounding              # DatapathRounding
     bint reciprocal           # x * (1 / scale) instead of x / scale
     bint float64_quotient     # the quotient (and reciprocal) in float64, not `precision`
+    bint f32_operands         # x and the scale are float32 values: float32 operations are exact roundings
     int nan_to_integer        # DatapathNanToInteger
     bint flush_inputs
     bint flush_outputs
@@ -200,9 +201,15 @@ cdef inline double datapath_quotient(double x, double scale, const QuantizePlan*
     if not p.reciprocal:
         if p.float64_quotient:
             return x / scale
+        if p.f32_operands and p.precision == FMT_FLOAT32:
+            # one IEEE float division of float32 values: the correctly rounded quotient
+            return <float>x / <float>scale
         return divide_to_value_format(x, scale, p.precision)
     if p.float64_quotient:
         return x * (1.0 / scale)
+    if p.f32_operands:
+        # each float32 operation rounds its exact result once, as the definition says
+        return <float>x * (<float>1.0 / <float>scale)
     r = divide_to_value_format(1.0, scale, FMT_FLOAT32)
     product = x * r
     if isnan(product) or isinf(product):
@@ -547,7 +554,7 @@ cdef class QuantizeConfig:
                  int small_float_rules, int path, int code_bits, bint datapath=False,
                  int rounding=DP_HALF_EVEN, bint reciprocal=False, bint float64_quotient=False,
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
-                 double x_min_normal=0.0, double scale_min_normal=0.0):
+                 double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if x_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32):
@@ -601,6 +608,7 @@ cdef class QuantizeConfig:
         self.plan.rounding = rounding if datapath else DP_HALF_EVEN
         self.plan.reciprocal = reciprocal
         self.plan.float64_quotient = float64_quotient
+        self.plan.f32_operands = f32_operands and x_format != FMT_INT32
         self.plan.nan_to_integer = nan_to_integer
         self.plan.flush_inputs = flush_inputs
         self.plan.flush_outputs = flush_outputs

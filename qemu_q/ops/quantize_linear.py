@@ -104,6 +104,8 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         nan = "canonical"
     float64_quotient = False
     precision_format = precision_type.value_format
+    # x and the scale hold float32 values: the datapath loop may use float32 operations.
+    f32_operands = x_type.name in _FLOAT32_DIVISION_X and scale_type.name in _FLOAT32_DIVISION_SCALES
     if use_datapath:
         fast_divide = False
         if datapath.scale_precision is not None:
@@ -141,6 +143,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         flush_inputs=datapath.flush_inputs, flush_outputs=datapath.flush_outputs,
         x_min_normal=_MIN_NORMAL.get(x_type.name, 0.0) if use_datapath else 0.0,
         scale_min_normal=_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
+        f32_operands=f32_operands and use_datapath,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 
