@@ -3,7 +3,7 @@
 # Everything here is `inline noexcept nogil` so that each kernel gets its own copy the
 # compiler can specialise on constant arguments.
 
-from libc.math cimport fabs, fabsf, floor, ceil, copysign, copysignf, fma, isinf, isnan, INFINITY
+from libc.math cimport fabs, fabsf, floor, ceil, copysign, copysignf, fma, fmod, frexp, isinf, isnan, INFINITY
 from libc.stdint cimport int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
@@ -570,3 +570,82 @@ cdef inline double int64_to_double_odd(int64_t v) noexcept nogil:
         return uint64_to_double_odd(<uint64_t>v)
     magnitude = (~<uint64_t>v) + 1  # |v|, INT64_MIN included
     return -uint64_to_double_odd(magnitude)
+
+
+# qemu_q.Datapath (qemu_q/datapath.py): the rounding of a quotient to an integer or to a
+# small float's mantissa, by mode. The codes are the index in datapath.ROUNDINGS.
+cdef enum DatapathRounding:
+    DP_HALF_EVEN = 0
+    DP_HALF_AWAY = 1
+    DP_HALF_UP = 2
+    DP_HALF_DOWN = 3
+    DP_TOWARD_ZERO = 4
+    DP_DOWN = 5
+    DP_UP = 6
+    DP_TO_ODD = 7
+    DP_STOCHASTIC = 8
+
+
+# What a NaN quotient rounds to for integer outputs (datapath.NANS_TO_INTEGER).
+cdef enum DatapathNanToInteger:
+    DP_NAN_MIN = 0
+    DP_NAN_ZERO = 1
+    DP_NAN_MAX = 2
+
+
+cdef inline double round_magnitude(double t, bint negative, int mode, uint32_t random_word) noexcept nogil:
+    # t = |value| / ulp, finite, 0 <= t < 2**53; the integer the magnitude rounds to, where
+    # `negative` is the value's sign (the directed and half_up/half_down modes depend on it).
+    # frac = t - floor(t) is exact, and so is frac * 2**32: its truncation is the first 32
+    # bits of the fraction that stochastic rounding adds the random word to.
+    cdef double whole = floor(t)
+    cdef double frac = t - whole
+    cdef bint up
+    if frac == 0.0:
+        return whole
+    if mode == DP_HALF_EVEN:
+        up = frac > 0.5 or (frac == 0.5 and fmod(whole, 2.0) != 0.0)
+    elif mode == DP_HALF_AWAY:
+        up = frac >= 0.5
+    elif mode == DP_HALF_UP:
+        up = frac > 0.5 or (frac == 0.5 and not negative)
+    elif mode == DP_HALF_DOWN:
+        up = frac > 0.5 or (frac == 0.5 and negative)
+    elif mode == DP_TOWARD_ZERO:
+        up = False
+    elif mode == DP_DOWN:
+        up = negative
+    elif mode == DP_UP:
+        up = not negative
+    elif mode == DP_TO_ODD:
+        up = fmod(whole, 2.0) == 0.0
+    else:
+        up = (<uint64_t>(frac * 4294967296.0) + <uint64_t>random_word) >= (<uint64_t>1 << 32)
+    return whole + 1.0 if up else whole
+
+
+cdef inline double round_to_small_float_value(double q, int mantissa_bits, int min_exponent, int mode,
+                                              uint32_t random_word, bint flush) noexcept nogil:
+    # q (finite) rounded by `mode` to a binary format of `mantissa_bits` fraction bits whose
+    # smallest normal is 2**min_exponent, with an unbounded exponent above (the caller's
+    # encoder applies the overflow rows to anything beyond max). Beyond 2**20, above every
+    # small float's range whatever the mode, q is clamped there first, so that the scaling
+    # below stays in double's normal range. `flush`: a nonzero result below the smallest
+    # normal becomes a zero of q's sign (tininess after rounding).
+    cdef double a = fabs(q)
+    cdef int exponent
+    cdef int ulp_exponent
+    cdef double r
+    if a == 0.0:
+        return q
+    if a > 1048576.0:
+        a = 1048576.0
+    frexp(a, &exponent)
+    exponent -= 1  # a in [2**exponent, 2**(exponent + 1))
+    if exponent < min_exponent:
+        exponent = min_exponent
+    ulp_exponent = exponent - mantissa_bits
+    r = round_magnitude(a * pow2(-ulp_exponent), q < 0.0, mode, random_word) * pow2(ulp_exponent)
+    if flush and r < pow2(min_exponent):
+        r = 0.0
+    return copysign(r, q)

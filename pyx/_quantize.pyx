@@ -8,7 +8,8 @@
 # general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.stdint cimport uint8_t, uint16_t, int32_t, uintptr_t
+from libc.math cimport fabs, copysign, fma, isnan, isinf
+from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uintptr_t
 
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
@@ -22,6 +23,8 @@ from _codecs cimport (
     PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
     float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_biased, saturate_biased, ROUND_MAGIC_BITS,
+    SmallFloatFormat, small_float_format, round_to_value_format, round_magnitude,
+    round_to_small_float_value, DP_HALF_EVEN, DP_STOCHASTIC, DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -126,6 +129,20 @@ cdef struct QuantizePlan:
     const float* scale32       # the same values as float32 (exact on the float32 paths)
     const float* zero_point32
     const int32_t* zero_point_int  # integer zero points as int32
+    # qemu_q.Datapath, when it is not ONNX's: the general path's datapath loop reads these.
+    bint datapath
+    int rounding              # DatapathRounding
+    bint reciprocal           # x * (1 / scale) instead of x / scale
+    bint float64_quotient     # the quotient (and reciprocal) in float64, not `precision`
+    bint f32_operands         # x and the scale are float32 values: float32 operations are exact roundings
+    int nan_to_integer        # DatapathNanToInteger
+    bint flush_inputs
+    bint flush_outputs
+    double x_min_normal       # 0: x's type has no subnormals
+    double scale_min_normal
+    int sf_mantissa_bits      # the small-float format's, for the datapath's own rounding
+    int sf_min_exponent
+    const uint32_t* random_bits  # one word per element of x (stochastic rounding), else NULL
 
 
 cdef inline double load_double(x_storage_t v, int x_format) noexcept nogil:
@@ -168,6 +185,86 @@ cdef inline void run_general(const x_storage_t* x, code_storage_t* y, Py_ssize_t
     else:
         for i in range(n):
             y[i] = <code_storage_t>quantize_one(x[i], scale[0], zero_point[0], &p)
+
+
+cdef inline double datapath_quotient(double x, double scale, const QuantizePlan* p) noexcept nogil:
+    # The quotient as the datapath forms it (docs/semantics.md, "Datapath options"): the
+    # inputs flushed, then x / scale or x * (1 / scale), each operation rounded once to the
+    # datapath's precision. x and the reciprocal have at most 31 and 24 significant bits,
+    # so the double product is exact but for int32 x, whose product error FMA recovers.
+    cdef double r, product
+    if p.flush_inputs:
+        if fabs(x) < p.x_min_normal:
+            x = copysign(0.0, x)
+        if fabs(scale) < p.scale_min_normal:
+            scale = copysign(0.0, scale)
+    if not p.reciprocal:
+        if p.float64_quotient:
+            return x / scale
+        if p.f32_operands and p.precision == FMT_FLOAT32:
+            # one IEEE float division of float32 values: the correctly rounded quotient
+            return <float>x / <float>scale
+        return divide_to_value_format(x, scale, p.precision)
+    if p.float64_quotient:
+        return x * (1.0 / scale)
+    if p.f32_operands:
+        # each float32 operation rounds its exact result once, as the definition says
+        return <float>x * (<float>1.0 / <float>scale)
+    r = divide_to_value_format(1.0, scale, FMT_FLOAT32)
+    product = x * r
+    if isnan(product) or isinf(product):
+        return product
+    return round_to_value_format(product, fma(x, r, -product), FMT_FLOAT32)
+
+
+cdef inline int datapath_one(x_storage_t v, double scale, double zero_point, uint32_t random_word,
+                             const QuantizePlan* p) noexcept nogil:
+    cdef double q = datapath_quotient(load_double(v, p.x_format), scale, p)
+    cdef double n
+    if p.code_kind == CODE_INTEGER:
+        if isnan(q):
+            # What round(NaN) reads as: -inf (x86's INT32_MIN), 0 (Arm's), +inf.
+            if p.nan_to_integer == DP_NAN_MIN:
+                return (<int>p.lo) & p.mask
+            if p.nan_to_integer == DP_NAN_MAX:
+                return (<int>p.hi) & p.mask
+            q = 0.0
+        if fabs(q) > 1099511627776.0:
+            # 2**40: beyond every code and zero point, whatever the rounding; keeps
+            # round_magnitude inside 2**53.
+            q = copysign(1099511627776.0, q)
+        n = round_magnitude(fabs(q), q < 0.0, p.rounding, random_word)
+        n = (-n if q < 0.0 else n) + zero_point
+        if n < p.lo:
+            n = p.lo
+        if n > p.hi:
+            n = p.hi
+        return (<int>n) & p.mask
+    # The zero point of a float type is +0 or -0: it decides the sign of a zero quotient.
+    q = q + zero_point
+    if not isnan(q) and not isinf(q):
+        q = round_to_small_float_value(q, p.sf_mantissa_bits, p.sf_min_exponent, p.rounding,
+                                       random_word, p.flush_outputs)
+    # q is now a value of the format (or beyond its max, or inf/NaN): the encoder rounds
+    # nothing and applies the Cast table's rows.
+    return encode_small_float32(<float>q, &p.encoder)
+
+
+cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_t n,
+                              const double* scale, const double* zero_point, bint params_vary,
+                              const uint32_t* random_bits, const QuantizePlan* plan) noexcept nogil:
+    # run_general's loop for a non-ONNX datapath; random_bits is x's word array at x[0],
+    # or NULL.
+    cdef QuantizePlan p = plan[0]
+    cdef Py_ssize_t i
+    cdef uint32_t word = 0
+    for i in range(n):
+        if random_bits != NULL:
+            word = random_bits[i]
+        if params_vary:
+            y[i] = <code_storage_t>datapath_one(x[i], scale[i], zero_point[i], word, &p)
+        else:
+            y[i] = <code_storage_t>datapath_one(x[i], scale[0], zero_point[0], word, &p)
 
 
 cdef inline void run_f32_integer_constant(const float* x, code_storage_t* y, Py_ssize_t n,
@@ -222,7 +319,13 @@ cdef inline void run_f32_small_float(const float* x, uint8_t* y, Py_ssize_t n,
 
 
 cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t n,
-                             Py_ssize_t param_index, bint params_vary, const QuantizePlan* p) noexcept nogil:
+                             Py_ssize_t param_index, bint params_vary, Py_ssize_t first,
+                             const QuantizePlan* p) noexcept nogil:
+    # first: the index of x[0] in the whole x (where its random bits are).
+    if p.datapath:
+        run_datapath(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
+                     p.random_bits + first if p.random_bits != NULL else NULL, p)
+        return
     if x_storage_t is float:
         if p.path == PATH_F32_INTEGER:
             run_f32_integer(x, y, n, p.scale32 + param_index, p.zero_point_int + param_index,
@@ -391,7 +494,7 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
         cursor_at(&p.layout, start, end, &c)
         while next_segment(&p.layout, &c, &seg):
             run_segment(x + seg.start, y + (seg.start - start), seg.length, seg.param_index,
-                        seg.params_vary, p)
+                        seg.params_vary, seg.start, p)
         return
     cursor_at(&p.layout, start, start, &c)
     while block < end:
@@ -399,7 +502,7 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
         prefetch(x + block + PREFETCH_AHEAD, PREFETCH_BLOCK * sizeof(x_storage_t))
         while next_segment(&p.layout, &c, &seg):
             run_segment(x + seg.start, y + (seg.start - start), seg.length, seg.param_index,
-                        seg.params_vary, p)
+                        seg.params_vary, seg.start, p)
         block = c.end
 
 
@@ -448,7 +551,10 @@ cdef class QuantizeConfig:
     def __init__(self, *, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner, int granularity,
                  Py_ssize_t block_size, int x_format, int precision, bint fast_divide, int code_kind,
                  long long lo, long long hi, int mask, int small_float_id, bint saturate,
-                 int small_float_rules, int path, int code_bits):
+                 int small_float_rules, int path, int code_bits, bint datapath=False,
+                 int rounding=DP_HALF_EVEN, bint reciprocal=False, bint float64_quotient=False,
+                 int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
+                 double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if x_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32):
@@ -490,6 +596,33 @@ cdef class QuantizeConfig:
                                                   saturate, small_float_rules)
         self.plan.stream = False
         self.code_bits = code_bits
+        if not 0 <= rounding <= DP_STOCHASTIC:
+            raise ValueError(f"rounding {rounding} is not a datapath rounding")
+        if nan_to_integer not in (DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX):
+            raise ValueError(f"nan_to_integer {nan_to_integer} is not a datapath NaN rule")
+        if datapath and path != PATH_GENERAL:
+            raise ValueError("a datapath runs on the general path only")
+        if not (x_min_normal >= 0.0 and scale_min_normal >= 0.0):
+            raise ValueError("x_min_normal and scale_min_normal must be >= 0")
+        self.plan.datapath = datapath
+        self.plan.rounding = rounding if datapath else DP_HALF_EVEN
+        self.plan.reciprocal = reciprocal
+        self.plan.float64_quotient = float64_quotient
+        self.plan.f32_operands = f32_operands and x_format != FMT_INT32
+        self.plan.nan_to_integer = nan_to_integer
+        self.plan.flush_inputs = flush_inputs
+        self.plan.flush_outputs = flush_outputs
+        self.plan.x_min_normal = x_min_normal
+        self.plan.scale_min_normal = scale_min_normal
+        self.plan.sf_mantissa_bits = small_float_format(
+            small_float_id if code_kind != CODE_INTEGER else 0).mantissa_bits
+        self.plan.sf_min_exponent = small_float_format(
+            small_float_id if code_kind != CODE_INTEGER else 0).min_exponent
+        self.plan.random_bits = NULL
+
+    @property
+    def stochastic(self):
+        return self.plan.datapath and self.plan.rounding == DP_STOCHASTIC
 
     @property
     def path(self):
@@ -538,7 +671,8 @@ cdef int check_x_storage(int x_format, bint is_int32, bint is_uint16) except -1:
 
 
 cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_point,
-                            Py_ssize_t size, Py_ssize_t streamed_bytes, int n_threads) except *:
+                            object random_bits, Py_ssize_t size, Py_ssize_t streamed_bytes,
+                            int n_threads) except *:
     # The plan of one call: the config's, with this call's parameter arrays checked
     # against the layout and attached, and its tasks sized.
     cdef QuantizePlan p = config.plan
@@ -556,6 +690,17 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
             p.zero_point_int = int32_parameters(zero_point, needed, "zero points")
         else:
             p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
+    cdef const uint32_t[::1] words
+    if config.stochastic:
+        if random_bits is None:
+            raise ValueError("stochastic rounding needs random_bits, one uint32 word per element")
+        words = random_bits
+        if words.shape[0] != size:
+            raise ValueError(f"random_bits has {words.shape[0]} words; x has {size} elements")
+        check_aligned(&words[0], sizeof(uint32_t), "random_bits")
+        p.random_bits = &words[0]
+    elif random_bits is not None:
+        raise ValueError("random_bits are read by stochastic rounding only")
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).
@@ -566,7 +711,8 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
 
 
 cdef int run_call(const x_storage_t[::1] x, object scale, object zero_point, void* y, int y_size,
-                  int bits, QuantizeConfig config, Py_ssize_t streamed_bytes, int n_threads) except -1:
+                  int bits, QuantizeConfig config, Py_ssize_t streamed_bytes, int n_threads,
+                  object random_bits) except -1:
     # What both entries do once their output is checked: x against the config, the
     # call's plan, the tasks.
     cdef QuantizePlan p
@@ -575,7 +721,7 @@ cdef int run_call(const x_storage_t[::1] x, object scale, object zero_point, voi
         raise ValueError("the float32 paths take float32 x")
     check_x_storage(config.plan.x_format, x_storage_t is int32_t, x_storage_t is uint16_t)
     check_aligned(&x[0], sizeof(x_storage_t), "x")
-    p = call_plan(config, scale, zero_point, x.shape[0], streamed_bytes, n_threads)
+    p = call_plan(config, scale, zero_point, random_bits, x.shape[0], streamed_bytes, n_threads)
     work.x = &x[0]
     work.y = y
     work.x_size = sizeof(x_storage_t)
@@ -588,9 +734,10 @@ cdef int run_call(const x_storage_t[::1] x, object scale, object zero_point, voi
 
 
 def quantize(const x_storage_t[::1] x, scale, zero_point, code_storage_t[::1] out,
-             QuantizeConfig config not None, int n_threads):
+             QuantizeConfig config not None, int n_threads, random_bits=None):
     """Quantize x (flattened, C order) into `out`, one code per element, as `config` says;
-    scale and zero_point are the arrays of the config's path. The kernel allocates nothing."""
+    scale and zero_point are the arrays of the config's path; random_bits (uint32, one per
+    element) only for a stochastic datapath. The kernel allocates nothing."""
     cdef Py_ssize_t size = x.shape[0]
     if size == 0:
         return
@@ -598,11 +745,11 @@ def quantize(const x_storage_t[::1] x, scale, zero_point, code_storage_t[::1] ou
         raise ValueError(f"out has {out.shape[0]} elements; x has {size}")
     check_aligned(&out[0], sizeof(code_storage_t), "out")
     run_call(x, scale, zero_point, &out[0], sizeof(code_storage_t), 0, config,
-             size * sizeof(code_storage_t), n_threads)
+             size * sizeof(code_storage_t), n_threads, random_bits)
 
 
 def quantize_packed(const x_storage_t[::1] x, scale, zero_point, uint8_t[::1] out,
-                    QuantizeConfig config not None, int n_threads):
+                    QuantizeConfig config not None, int n_threads, random_bits=None):
     """As `quantize`, with the codes of config.code_bits bits (2, 4 or 6) packed into `out`
     in the ONNX raw_data layout (ceil(n * bits / 8) bytes). A packed output is built in an
     L1 buffer, never streamed."""
@@ -614,4 +761,4 @@ def quantize_packed(const x_storage_t[::1] x, scale, zero_point, uint8_t[::1] ou
         raise ValueError(f"packed codes are 2, 4 or 6 bits wide, not {bits}")
     if out.shape[0] != (size * bits + 7) // 8:
         raise ValueError(f"out has {out.shape[0]} bytes; {size} codes of {bits} bits take {(size * bits + 7) // 8}")
-    run_call(x, scale, zero_point, &out[0], 1, bits, config, 0, n_threads)
+    run_call(x, scale, zero_point, &out[0], 1, bits, config, 0, n_threads, random_bits)

@@ -81,8 +81,8 @@ def entry(path: Path):
     return getattr(entry_module(path), KERNEL_ENTRIES[path][1])
 
 
-def run(path: Path, *args):
-    return entry(path)(*args)
+def run(path: Path, *args, **keywords):
+    return entry(path)(*args, **keywords)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from .._params import check_zero_point_values, kernel_parameters
 from .._registry import register
 from .._rules import dequantize_output_type, label, multiplication_precision
 from .._threads import in_default_fp_environment, resolve_threads
+from ..datapath import ONNX, Datapath, as_datapath
 from .._typing import Array, Shape, TypeSpec
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
@@ -94,12 +95,23 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     return DequantizePlan(where, x_type, out_type, tuple(fields.items()))
 
 
+def _check_datapath(datapath: Datapath) -> None:
+    # DequantizeLinear's product has no quantizer rounding, scale inversion or NaN-to-integer
+    # step; its subnormal policies are not implemented: refused by name, never ignored.
+    for name in ("rounding", "scale", "scale_precision", "nan_to_integer", "subnormals"):
+        value, default = getattr(datapath, name), getattr(ONNX, name)
+        if value != default:
+            raise ValueError(
+                f"DequantizeLinear: datapath.{name}={value!r} is not supported; allowed {default!r}")
+
+
 @in_default_fp_environment
 def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | None = None, *,
                       axis: int = 1, block_size: int = 0, output_dtype: TypeSpec | None = None,
                       opset: int | None = None, out: np.ndarray | None = None,
                       packed: bool = False, dtype: TypeSpec | None = None,
-                      shape: Shape | None = None, n_threads: int | None = None) -> np.ndarray:
+                      shape: Shape | None = None, n_threads: int | None = None,
+                      datapath: Datapath | None = None) -> np.ndarray:
     """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
 
     `opset` selects the version (None: 28). The output type is float32 (10, 13), the
@@ -110,7 +122,12 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     packed=True)` returns): `shape` is the shape of x and `dtype` its element type (or
     x_zero_point's type); sub-byte codes are unpacked piece by piece, never as a whole
     array. `n_threads` overrides the default thread count; the bits never depend on it.
+
+    `datapath` (a `qemu_q.Datapath`): the ONNX one only for now (its `nan` and `accumulator`
+    do not apply here); other options raise a ValueError (docs/semantics.md, "Datapath
+    options").
     """
+    _check_datapath(as_datapath(datapath))
     scale = _coerce.as_array(x_scale, "x_scale")
     zero_point = _coerce.optional_array(x_zero_point, "x_zero_point")
     packed = _coerce.flag(packed, "packed")

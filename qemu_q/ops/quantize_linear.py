@@ -26,6 +26,7 @@ from .._rules import (
 )
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
+from ..datapath import NANS_TO_INTEGER, ONNX, ROUND_CODES, Datapath, as_datapath
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
 )
@@ -34,6 +35,10 @@ from .._validate import (
 # hardware writes whatever the sign (0x7F; NVIDIA's conversion instructions).
 NAN_OPTIONS = ("spec", "canonical")
 _FLOAT32_DIVISION_X = ("float", "float16", "bfloat16")
+# The smallest normal of each float type x or a scale can have, for Datapath's
+# subnormals="flush_inputs": below it a value is subnormal. float8e8m0 and the integer
+# types have no subnormals.
+_MIN_NORMAL = {"float": 2.0 ** -126, "float16": 2.0 ** -14, "bfloat16": 2.0 ** -126}
 _FLOAT32_DIVISION_SCALES = ("float", "float16", "bfloat16", "float8e8m0")
 
 
@@ -50,7 +55,8 @@ class QuantizePlan(_dispatch.KernelPlan):
 
 @lru_cache(maxsize=512)
 def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
-                  block_size, saturate, precision, output_dtype, nan, fast_kernels) -> QuantizePlan:
+                  block_size, saturate, precision, output_dtype, nan, fast_kernels,
+                  datapath: Datapath = ONNX) -> QuantizePlan:
     # Everything that depends on types, shapes and attributes only, validated once per
     # signature: repeated calls (a model's layers, a sweep) skip straight to the kernel.
     x, scale = ArraySpec(*x_signature), ArraySpec(*scale_signature)
@@ -91,8 +97,25 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         and scale_type.name in _FLOAT32_DIVISION_SCALES
     )
     integer = out_type.kind == "integer"
+    # A datapath other than ONNX's (its `nan` aside, which the codes below carry) runs on
+    # the general scalar path, with its options in the config: the ONNX paths stay as they are.
+    use_datapath = datapath != Datapath(nan=datapath.nan)
+    if datapath.nan == "canonical":
+        nan = "canonical"
+    float64_quotient = False
+    precision_format = precision_type.value_format
+    # x and the scale hold float32 values: the datapath loop may use float32 operations.
+    f32_operands = x_type.name in _FLOAT32_DIVISION_X and scale_type.name in _FLOAT32_DIVISION_SCALES
+    if use_datapath:
+        fast_divide = False
+        if datapath.scale_precision is not None:
+            # "float64" is the config's own flag; "float32" a value format.
+            float64_quotient = datapath.scale_precision == "float64"
+            precision_format = FMT_FLOAT32
     # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
-    if fast_kernels and fast_divide and x_type.name == "float":
+    if use_datapath:
+        path = PATH_GENERAL
+    elif fast_kernels and fast_divide and x_type.name == "float":
         path = PATH_F32_INTEGER if integer else PATH_F32_SMALL_FLOAT
     else:
         path = PATH_GENERAL
@@ -107,13 +130,20 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     fields = dict(
         outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
         block_size=gran.block_size, x_format=x_type.value_format,
-        precision=precision_type.value_format, fast_divide=fast_divide,
+        precision=precision_format, fast_divide=fast_divide,
         code_kind=CODE_INTEGER if integer else CODE_SMALL_FLOAT,
         lo=out_type.lo if integer else 0, hi=out_type.hi if integer else 0,
         mask=(1 << out_type.bits) - 1 if integer else 0,
         small_float_id=0 if integer else out_type.small_float_id,
         saturate=bool(saturate) if saturate_applies(spec, out_type) else True,
         small_float_rules=small_float_rules, path=path, code_bits=out_type.bits,
+        datapath=use_datapath, rounding=ROUND_CODES[datapath.rounding],
+        reciprocal=datapath.scale == "reciprocal", float64_quotient=float64_quotient,
+        nan_to_integer=NANS_TO_INTEGER.index(datapath.nan_to_integer),
+        flush_inputs=datapath.flush_inputs, flush_outputs=datapath.flush_outputs,
+        x_min_normal=_MIN_NORMAL.get(x_type.name, 0.0) if use_datapath else 0.0,
+        scale_min_normal=_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
+        f32_operands=f32_operands and use_datapath,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 
@@ -124,7 +154,8 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
                     saturate: int | bool = 1, precision: int = 0, opset: int | None = None,
                     out: np.ndarray | None = None, packed: bool = False,
                     n_threads: int | None = None,
-                    nan: Literal["spec", "canonical"] = "spec") -> np.ndarray:
+                    nan: Literal["spec", "canonical"] = "spec", datapath: Datapath | None = None,
+                    random_bits: np.ndarray | None = None) -> np.ndarray:
     """ONNX QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point), bit-exact.
 
     `opset` selects the version (newest since-version <= opset; None: 28). Types follow
@@ -146,14 +177,17 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
     scale = _coerce.as_array(y_scale, "y_scale")
     zero_point = _coerce.optional_array(y_zero_point, "y_zero_point")
     packed = _coerce.flag(packed, "packed")
+    datapath = as_datapath(datapath)
+    bits = _random_bits(random_bits, datapath, x)
     plan = cached_plan(quantize_plan, (
         normalize_opset(opset), _signature(x), _signature(scale), _signature(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.int_attribute(saturate, "saturate", allow_bool=True),
         _coerce.int_attribute(precision, "precision"), _coerce.output_dtype(output_dtype), nan,
-        _dispatch.FAST_KERNELS,
+        _dispatch.FAST_KERNELS, datapath,
     ))
     out_type = plan.out_type
+    extra = {} if bits is None else {"random_bits": bits}
     n_threads = resolve_threads(n_threads, x.size)
     # The output is checked before anything is converted or allocated.
     inputs = [("x", x), ("y_scale", scale), ("y_zero_point", zero_point)]
@@ -170,18 +204,39 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
     flat_x = flat_storage(x, plan.x_type)
     if packed and out_type.packed:
         # Quantized and packed piece by piece: the one-per-byte codes never exist.
-        _dispatch.run(Path.QUANTIZE_PACKED, flat_x, *params, result, config, n_threads)
+        _dispatch.run(Path.QUANTIZE_PACKED, flat_x, *params, result, config, n_threads, **extra)
     elif packed and not LITTLE_ENDIAN:
         codes = np.empty(x.size, dtype=out_type.dtype)
-        _dispatch.run(Path.QUANTIZE, flat_x, *params, codes.view(out_type.storage), config, n_threads)
+        _dispatch.run(Path.QUANTIZE, flat_x, *params, codes.view(out_type.storage), config, n_threads,
+                      **extra)
         result[...] = codes.astype(codes.dtype.newbyteorder("<")).view(np.uint8)
     else:
         # Whole-byte packed types: the storage is the raw_data, written in place.
         storage = result.view(out_type.storage) if packed else result.reshape(-1).view(out_type.storage)
         written = kernel_output(storage)
-        _dispatch.run(Path.QUANTIZE, flat_x, *params, written, config, n_threads)
+        _dispatch.run(Path.QUANTIZE, flat_x, *params, written, config, n_threads, **extra)
         finish_output(storage, written)
     return result
+
+
+def _random_bits(random_bits, datapath: Datapath, x: np.ndarray):
+    # Checked before anything else is done with them; the caller's array is read, never
+    # written (a contiguous copy only where it is not contiguous and aligned already).
+    if datapath.rounding != "stochastic":
+        if random_bits is not None:
+            raise ValueError(
+                f"random_bits is given but datapath.rounding={datapath.rounding!r}; only "
+                "rounding='stochastic' takes random bits")
+        return None
+    if random_bits is None:
+        raise ValueError("datapath.rounding='stochastic' needs random_bits=, a uint32 array of x's shape")
+    if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
+        raise TypeError(
+            f"random_bits must be a numpy uint32 array, got "
+            f"{getattr(random_bits, 'dtype', type(random_bits).__name__)}")
+    if random_bits.shape != x.shape:
+        raise ValueError(f"random_bits has shape {random_bits.shape}; x has shape {x.shape} (one word per element)")
+    return np.require(random_bits, requirements=["C", "A"]).reshape(-1)
 
 
 @register("QuantizeLinear")
