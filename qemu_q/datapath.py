@@ -18,9 +18,9 @@ SCALE_PRECISIONS = (None, "float32", "float64")
 NANS = ("spec", "canonical")
 NANS_TO_INTEGER = ("min", "zero", "max")
 SUBNORMALS = ("keep", "flush_inputs", "flush_outputs", "flush_both")
-# The accumulator of the integer ops; QuantizeLinear and DequantizeLinear accumulate
-# nothing, so they accept the ONNX int32 only.
-ACCUMULATORS = ("int32",)
+# The accumulator of the integer ops: every value their `accumulator=` takes
+# (qemu_q/ops/_datapath.py, parse_accumulator: "int32", "x86-u8s8-pairs", "int<N>",
+# "int<N>-saturate"). QuantizeLinear and DequantizeLinear accumulate nothing and ignore it.
 
 # Kernel codes (pyx/_codecs.pxd, DatapathRounding and friends): the index in the tuples above.
 ROUND_CODES = {name: code for code, name in enumerate(ROUNDINGS)}
@@ -49,7 +49,9 @@ class Datapath:
         "max" (+inf: the type's maximum).
     subnormals: "keep", "flush_inputs" (x and the scale), "flush_outputs" (small-float
         results), "flush_both".
-    accumulator: "int32" (the only accumulator of QuantizeLinear/DequantizeLinear).
+    accumulator: the integer ops' accumulator, as their `accumulator=` takes it: "int32"
+        (ONNX: wrap modulo 2^32), "x86-u8s8-pairs", "int<N>" / "int<N>-saturate" (N 8..32).
+        QuantizeLinear and DequantizeLinear accumulate nothing and ignore it.
     """
 
     rounding: str = "half_even"
@@ -67,7 +69,13 @@ class Datapath:
         _check("nan", self.nan, NANS)
         _check("nan_to_integer", self.nan_to_integer, NANS_TO_INTEGER)
         _check("subnormals", self.subnormals, SUBNORMALS)
-        _check("accumulator", self.accumulator, ACCUMULATORS)
+        if self.accumulator != "int32":  # (the default needs no parsing: ONNX is built at import)
+            from .ops._datapath import parse_accumulator
+
+            try:
+                parse_accumulator(self.accumulator)
+            except ValueError as error:
+                raise ValueError(f"Datapath: {error}") from None
         if self.scale == "reciprocal" and self.scale_precision is None:
             raise ValueError(
                 "Datapath: scale='reciprocal' needs an explicit scale_precision ('float32' or "
@@ -97,3 +105,24 @@ def as_datapath(datapath, where: str = "datapath") -> Datapath:
     if not isinstance(datapath, Datapath):
         raise TypeError(f"{where}={datapath!r}; expected a qemu_q.Datapath or None")
     return datapath
+
+
+def integer_op_accumulator(datapath, accumulator: str, where: str) -> str:
+    """The accumulator an integer op runs with: `accumulator=`, or the datapath's. The
+    integer ops take the datapath's accumulator only (their requantization has its own
+    named rules, `requantization=`); another non-default option is a ValueError."""
+    datapath = as_datapath(datapath)
+    others = {name: getattr(datapath, name) for name in (
+        "rounding", "scale", "scale_precision", "nan", "nan_to_integer", "subnormals")
+        if getattr(datapath, name) != getattr(ONNX, name)}
+    if others:
+        name, value = next(iter(others.items()))
+        raise ValueError(f"{where}: datapath {name}={value!r} is not implemented for the "
+                         "integer ops; they take the datapath's accumulator only (and "
+                         "requantization= for the QLinear ops)")
+    if datapath.accumulator != ONNX.accumulator:
+        if accumulator != ONNX.accumulator and accumulator != datapath.accumulator:
+            raise ValueError(f"{where}: accumulator={accumulator!r} and datapath accumulator="
+                             f"{datapath.accumulator!r} disagree; give one")
+        return datapath.accumulator
+    return accumulator

@@ -280,7 +280,7 @@ def test_threads_and_levels(dp, out):
 
 @pytest.mark.parametrize("field,value", [
     ("rounding", "nearest"), ("rounding", None), ("scale", "multiply"), ("scale_precision", "float16"),
-    ("nan", "quiet"), ("nan_to_integer", "nan"), ("subnormals", "flush"), ("accumulator", "int24"),
+    ("nan", "quiet"), ("nan_to_integer", "nan"), ("subnormals", "flush"), ("accumulator", "int64"),
     ("rounding", 3), ("subnormals", True),
 ])
 def test_datapath_refuses(field, value):

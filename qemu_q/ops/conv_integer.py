@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..datapath import Datapath, integer_op_accumulator
 from .. import _coerce
 from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
@@ -259,11 +260,13 @@ def conv_integer(x: Array, w: Array, x_zero_point: Array | None = None,
                  w_zero_point: Array | None = None, *, auto_pad: str = "NOTSET",
                  dilations=None, group: int = 1, kernel_shape=None, pads=None, strides=None,
                  opset: int | None = None, accumulator: str = "int32",
-                 out: np.ndarray | None = None, n_threads: int | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, n_threads: int | None = None,
+                 datapath: Datapath | None = None) -> np.ndarray:
     """ONNX ConvInteger-10: int32 convolution of (x - x_zero_point) and (w - w_zero_point),
     exact products, sums wrapped modulo 2**32; padding carries the zero point. The
     "x86-u8s8-pairs" accumulator changes nothing here; "int<N>" / "int<N>-saturate"
     (N in 8..32) sum in k order through an N-bit register (docs/semantics.md)."""
+    accumulator = integer_op_accumulator(datapath, accumulator, "ConvInteger")
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     accumulator, _ = dp.parse_accumulator(accumulator)
@@ -283,10 +286,12 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
                  auto_pad: str = "NOTSET", dilations=None, group: int = 1, kernel_shape=None,
                  pads=None, strides=None, requantization: str = "exact",
                  accumulator: str = "int32", opset: int | None = None,
-                 out: np.ndarray | None = None, n_threads: int | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, n_threads: int | None = None,
+                 datapath: Datapath | None = None) -> np.ndarray:
     """ONNX QLinearConv-10: the ConvInteger accumulator plus the int32 bias B, requantized by
     `requantization` ("exact", the default; "float32": onnxruntime; "float64":
     onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md)."""
+    accumulator = integer_op_accumulator(datapath, accumulator, "QLinearConv")
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(

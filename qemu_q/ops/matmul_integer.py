@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..datapath import Datapath, integer_op_accumulator
 from .. import _coerce
 from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
@@ -171,12 +172,14 @@ def _result_type(result: np.ndarray) -> ElementType:
 def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None,
                    b_zero_point: Array | None = None, *, opset: int | None = None,
                    accumulator: str = "int32", out: np.ndarray | None = None,
-                   n_threads: int | None = None) -> np.ndarray:
+                   n_threads: int | None = None,
+                   datapath: Datapath | None = None) -> np.ndarray:
     """ONNX MatMulInteger-10: int32 (a - a_zero_point) @ (b - b_zero_point), numpy.matmul
     broadcasting, exact products, the sum wrapped modulo 2**32 (docs/semantics.md).
     `accumulator="x86-u8s8-pairs"` models onnxruntime's VPMADDUBSW (uint8 a, int8 b);
     "int<N>" / "int<N>-saturate" (N in 8..32, e.g. "int32-saturate", "int16") a MAC
     array's N-bit register wrapping or saturating after every addition, k in order."""
+    accumulator = integer_op_accumulator(datapath, accumulator, "MatMulInteger")
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     accumulator, _ = dp.parse_accumulator(accumulator)
@@ -196,12 +199,14 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
                    b_zero_point: Array, y_scale: Array, y_zero_point: Array, *,
                    requantization: str = "exact", accumulator: str = "int32",
                    opset: int | None = None, out: np.ndarray | None = None,
-                   n_threads: int | None = None) -> np.ndarray:
+                   n_threads: int | None = None,
+                   datapath: Datapath | None = None) -> np.ndarray:
     """ONNX QLinearMatMul-10/21: y = saturate(round(acc * a_scale * b_scale / y_scale) +
     y_zero_point) with the int32 accumulator acc of MatMulInteger. `requantization`:
     "exact" (the real value rounded once, ties to even; the default), "float32"
     (onnxruntime's float32 multiplier and product), "float64" (onnx.reference's order).
     float8 operands (opset >= 21) are summed exactly (docs/semantics.md)."""
+    accumulator = integer_op_accumulator(datapath, accumulator, "QLinearMatMul")
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(
