@@ -23,6 +23,7 @@ from .._pack import normalize_shape, packed_size
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, Shape, TypeSpec
 from .._validate import cached_plan, signature as _signature
+from .cast import cast
 from .dequantize_linear import dequantize_linear
 
 
@@ -276,12 +277,9 @@ def mx_dequantize(codes: Array | bytes, scales: Array, *, axis: int = -1, block_
     block_size = _block_size(block_size)
     scale = scales
     if e.name == "int8":
-        # Cast(float8e8m0 -> float32) then Mul(2**-6): 2**(code - 127) and 2**(code - 133)
-        # are float32 values for every code (the smallest is 2**-133, a subnormal).
-        bits = scales.view(np.uint8).astype(np.uint32)
-        as_float = np.where(bits == 0xFF, np.uint32(0x7FC00000),
-                            np.where(bits == 0, np.uint32(0x00400000), bits << np.uint32(23)))
-        scale = as_float.astype(np.uint32).view(np.float32) * np.float32(MXINT8_IMPLIED_SCALE)
+        # Cast(float8e8m0 -> float32) then Mul(2**-6), the graph's two nodes: 2**(code - 127)
+        # and 2**(code - 133) are float32 values for every code (the smallest is 2**-133).
+        scale = cast(scales, "float", n_threads=n_threads) * np.float32(MXINT8_IMPLIED_SCALE)
     if packed:
         return dequantize_linear(codes, scale, axis=axis, block_size=block_size,
                                  output_dtype=out_type.onnx_id, opset=e.dequantize_opset, out=out,
