@@ -18,6 +18,9 @@ SCALE_PRECISIONS = (None, "float32", "float64")
 NANS = ("spec", "canonical")
 NANS_TO_INTEGER = ("min", "zero", "max")
 SUBNORMALS = ("keep", "flush_inputs", "flush_outputs", "flush_both")
+# QLinearMatMul / QLinearConv: the requantization rule (their `requantization=` values);
+# None leaves it to that argument.
+REQUANTIZATIONS = (None, "exact", "float32", "float64")
 # The accumulator of the integer ops: every value their `accumulator=` takes
 # (qemu_q/ops/_datapath.py, parse_accumulator: "int32", "x86-u8s8-pairs", "int<N>",
 # "int<N>-saturate"). QuantizeLinear and DequantizeLinear accumulate nothing and ignore it.
@@ -49,6 +52,9 @@ class Datapath:
         "max" (+inf: the type's maximum).
     subnormals: "keep", "flush_inputs" (x and the scale), "flush_outputs" (small-float
         results), "flush_both".
+    requantization: QLinearMatMul's and QLinearConv's requantization rule, as their
+        `requantization=` takes it ("exact", "float32", "float64"); None (default) leaves it
+        to that argument. The other ops ignore it.
     accumulator: the integer ops' accumulator, as their `accumulator=` takes it: "int32"
         (ONNX: wrap modulo 2^32), "x86-u8s8-pairs", "int<N>" / "int<N>-saturate" (N 8..32).
         QuantizeLinear and DequantizeLinear accumulate nothing and ignore it.
@@ -61,6 +67,7 @@ class Datapath:
     nan_to_integer: str = "min"
     subnormals: str = "keep"
     accumulator: str = "int32"
+    requantization: str | None = None
 
     def __post_init__(self):
         _check("rounding", self.rounding, ROUNDINGS)
@@ -69,6 +76,7 @@ class Datapath:
         _check("nan", self.nan, NANS)
         _check("nan_to_integer", self.nan_to_integer, NANS_TO_INTEGER)
         _check("subnormals", self.subnormals, SUBNORMALS)
+        _check("requantization", self.requantization, REQUANTIZATIONS)
         if self.accumulator != "int32":  # (the default needs no parsing: ONNX is built at import)
             from .ops._datapath import parse_accumulator
 

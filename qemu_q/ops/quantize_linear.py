@@ -97,9 +97,11 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         and scale_type.name in _FLOAT32_DIVISION_SCALES
     )
     integer = out_type.kind == "integer"
-    # A datapath other than ONNX's (its `nan` aside, which the codes below carry) runs on
+    # A datapath other than ONNX's (its `nan` aside, which the codes below carry, and the
+    # integer ops' accumulator and requantization, which QuantizeLinear has not) runs on
     # the general scalar path, with its options in the config: the ONNX paths stay as they are.
-    use_datapath = datapath != Datapath(nan=datapath.nan)
+    use_datapath = datapath != Datapath(nan=datapath.nan, accumulator=datapath.accumulator,
+                                        requantization=datapath.requantization)
     if datapath.nan == "canonical":
         nan = "canonical"
     float64_quotient = False
