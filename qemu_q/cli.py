@@ -1,6 +1,7 @@
 """The `qemu-q` command line: golden vectors, quantize / dequantize on files, op specs.
 
-    qemu-q golden --out DIR           the conformance suite (docs/golden.md)
+    qemu-q golden --out DIR           the conformance suite (docs/golden.md); with
+                                      --datapath FILE.json, under a described datapath
     qemu-q quantize X SCALE [ZP]      QuantizeLinear on .npy / .npz / .pb / .hex files
     qemu-q dequantize X SCALE [ZP]    DequantizeLinear on .npy / .npz / .pb / .hex files
     qemu-q spec OP [--opset N]        the op-spec entry a model at that opset runs
@@ -125,6 +126,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="replace a suite already in DIR (its manifest.json, node/ and npz/)")
     g.add_argument("--list", action="store_true",
                    help="print the selected case names (and divergences) and write nothing")
+    g.add_argument("--datapath", metavar="FILE.json",
+                   help="compute every case under this qemu_q.Datapath: a JSON object of its "
+                        "fields by keyword name, e.g. {\"rounding\": \"half_away\"}; "
+                        "a non-default datapath writes npz and hex only (docs/golden.md)")
 
     for name, (scale, zp) in {"quantize": ("y_scale", "y_zero_point"),
                               "dequantize": ("x_scale", "x_zero_point")}.items():
@@ -283,11 +288,17 @@ def _selection(args):
         raise UsageError(f"{PROG} golden: {error}") from None
 
 
-def _formats(args) -> tuple[str, ...]:
+def _formats(args, datapath=None) -> tuple[str, ...]:
     from .golden import writers
 
+    expressible = datapath is None or datapath.is_onnx
+    if args.format and "onnx" in args.format and not expressible:
+        raise UsageError(f"{PROG} golden: --format onnx with a non-default --datapath: no ONNX "
+                         f"op expresses it (npz and hex carry the cases)")
     if not args.format:
         found = writers.available_formats()
+        if not expressible:
+            return tuple(f for f in found if f != "onnx")
         if "onnx" not in found and not args.list:
             print(f"{PROG} golden: onnx is not installed, writing npz and hex only "
                   f"(pip install qemu_q[onnx] for ONNX folders)", file=sys.stderr)
@@ -355,9 +366,22 @@ def _format_bytes(n: int) -> str:
     return f"{n / 1000:.1f} GB"
 
 
+def _datapath(args):
+    """The --datapath file's Datapath (the ONNX default without the option)."""
+    from .datapath import ONNX
+    from .golden import datapaths
+
+    if args.datapath is None:
+        return ONNX
+    try:
+        return datapaths.load_datapath(args.datapath)
+    except datapaths.DatapathFileError as error:
+        raise UsageError(f"{PROG} golden: {error}") from None
+
+
 def cmd_golden(args) -> int:
     from . import __version__, golden
-    from .golden import writers
+    from .golden import datapaths, writers
 
     start = time.monotonic()
     if not args.out and not args.list:
@@ -366,19 +390,28 @@ def cmd_golden(args) -> int:
     selection = _selection(args)
     if args.size < 1:
         raise UsageError(f"{PROG} golden: --size must be >= 1, got {args.size}")
+    datapath = _datapath(args)
     configs = list(golden.iter_configs(selection))
+    omitted = {}
+    if not datapath.is_onnx:
+        omitted = {op: reason for op, reason in datapaths.NO_DATAPATH_OPS.items()
+                   if any(c.op_type == op for c in configs)}
+        configs = [c for c in configs if c.op_type not in omitted]
+        if not configs:
+            raise UsageError(f"{PROG} golden: the options select no case that takes a datapath "
+                             f"({'; '.join(omitted.values())})")
     if not configs:
         raise UsageError(f"{PROG} golden: the options select no case")
     if args.list:
         # A reader that stops early (`| head`) ends the listing, not with a traceback.
         for config in configs:
-            divergences = golden.divergences_of(config)
+            divergences = golden.divergences_of(config) if datapath.is_onnx else []
             note = f"  [divergence: {divergences[0][0]}]" if divergences else ""
             print(f"{config.name}{note}")
         return 0
     if not args.out:
         raise UsageError(f"{PROG} golden: --out DIR is required (except with --list)")
-    formats = _formats(args)
+    formats = _formats(args, datapath)
     _prepare_out(args.out, args.force)
     header = {
         "qemu_q_version": __version__,
@@ -395,12 +428,21 @@ def cmd_golden(args) -> int:
                            f"{writers.NODE_DIR}/<name>/test_data_set_0/{{input,output}}_N.pb",
                    "hex": "beside each tensor's .pb, same stem",
                    "npz": f"{writers.NPZ_DIR}/<name>.npz"},
+        "datapath": datapaths.datapath_fields(datapath),
+        "datapath_is_onnx": datapath.is_onnx,
     }
+    if not datapath.is_onnx:
+        header["onnx_folders"] = (
+            "not written: no ONNX op expresses a non-default datapath; the .npz and hex files "
+            "carry the cases (no model.onnx or .pb, runs_on and divergences empty)")
+        header["datapath_omitted_ops"] = omitted
+        if datapath.rounding == "stochastic":
+            header["random_bits"] = datapaths.RANDOM_BITS_RULE
     progress = _Progress(len(configs))
     entries, n_files, n_bytes, made = [], 0, 0, set()
     try:
         for done, config in enumerate(configs, 1):
-            case = golden.build_case(config, args.seed, args.size)
+            case = golden.build_case(config, args.seed, args.size, datapath)
             files, entry = writers.case_files(case, formats, args.word_bits)
             for relative, data in files:
                 _write(args.out, relative, data, made)

@@ -15,8 +15,9 @@ import numpy as np
 
 from .._dtypes import ELEMENT_TYPES, ElementType
 from .._opspec import get_spec
-from .._registry import run_op
+from ..datapath import Datapath, as_datapath
 from .configs import Config, Selection, iter_configs
+from .datapaths import RANDOM_BITS_INPUT, run_node
 from .divergences import divergences_of
 from .integer_families import accumulator, integer_inputs
 from .block_scaled import BLOCK_SCALED_OPS, block_scaled_case
@@ -46,6 +47,14 @@ class Case:
     extras: list[tuple[str, np.ndarray]] = field(default_factory=list)
     # A multi-node model (MX, NVFP4: the dequantize graph); None for a single-node case.
     model_builder: object = None
+    # The datapath the outputs were computed with (the ONNX default unless a suite for a
+    # described datapath: `qemu-q golden --datapath`).
+    datapath: Datapath = field(default_factory=Datapath)
+
+    @property
+    def onnx_expressible(self) -> bool:
+        """Whether an ONNX model computes the case's outputs: only the default datapath."""
+        return self.datapath.is_onnx
 
     @property
     def name(self) -> str:
@@ -686,29 +695,40 @@ _INPUTS = {
 }
 
 
-def build_case(config: Config, seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZE) -> Case:
-    """The case's inputs, attributes and expected outputs (computed by qemu_q)."""
+def build_case(config: Config, seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZE,
+               datapath: Datapath | None = None) -> Case:
+    """The case's inputs, attributes and expected outputs (computed by qemu_q), under
+    `datapath` (None: the ONNX default). Every op call goes through `datapaths.call_op`.
+    A case under a non-default datapath lists no peer divergence (the table compares
+    the ONNX bits); with stochastic rounding its words are the input `random_bits`."""
+    datapath = as_datapath(datapath)
+    divergences = divergences_of(config) if datapath.is_onnx else []
     if config.op_type in BLOCK_SCALED_OPS:
-        inputs, outputs, extras, builder = block_scaled_case(config, _rng(seed, config.name))
+        inputs, outputs, extras, builder = block_scaled_case(config, _rng(seed, config.name),
+                                                             datapath)
         for _name, array in inputs + outputs + extras:
             array.flags.writeable = False
         return Case(config=config, opset=config.version, attributes={}, inputs=inputs,
-                    outputs=outputs, divergences=divergences_of(config), extras=extras,
-                    model_builder=builder)
+                    outputs=outputs, divergences=divergences, extras=extras,
+                    model_builder=builder, datapath=datapath)
     inputs, attributes = _INPUTS[config.op_type](config, seed, size)
     inputs = [(name, np.ascontiguousarray(array)) for name, array in inputs]
     for _name, array in inputs:
         array.flags.writeable = False
     spec = get_spec(config.op_type, config.version)
-    results = run_op(config.op_type, [a for _n, a in inputs], attributes, config.version)
+    results, bits = run_node(config.op_type, [a for _n, a in inputs], attributes,
+                             config.version, datapath, seed, config.name)
     outputs = [(p.name, np.asarray(r)) for p, r in zip(spec.outputs, results)]
-    acc = accumulator(config, inputs, attributes) if config.w_type is not None else None
+    acc = accumulator(config, inputs, attributes, datapath) if config.w_type is not None else None
     extras = [] if acc is None else [("accumulator", acc)]
+    if bits is not None:
+        bits.flags.writeable = False
+        inputs = inputs + [(RANDOM_BITS_INPUT, bits)]
     return Case(config=config, opset=config.version, attributes=attributes, inputs=inputs,
-                outputs=outputs, divergences=divergences_of(config), extras=extras)
+                outputs=outputs, divergences=divergences, extras=extras, datapath=datapath)
 
 
 def generate(selection: Selection | None = None, seed: int = DEFAULT_SEED,
-             size: int = DEFAULT_SIZE) -> Iterator[Case]:
+             size: int = DEFAULT_SIZE, datapath: Datapath | None = None) -> Iterator[Case]:
     for config in iter_configs(selection):
-        yield build_case(config, seed, size)
+        yield build_case(config, seed, size, datapath)

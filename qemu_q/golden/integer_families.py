@@ -198,10 +198,12 @@ def integer_inputs(c: Config, rng):
     return list(zip(names, arrays)), attributes
 
 
-def accumulator(c: Config, inputs, attributes) -> np.ndarray | None:
+def accumulator(c: Config, inputs, attributes, datapath=None) -> np.ndarray | None:
     """The int32 accumulator of a QLinear case with integer operands (bias included), the
-    value requantization starts from: an extra output for RTL teams (docs/golden.md)."""
+    value requantization starts from: an extra output for RTL teams (docs/golden.md).
+    Under a datapath, its `accumulator` (the bias is added with int32 wrap-around)."""
     from .. import conv_integer, matmul_integer
+    from .datapaths import call_op
 
     if not c.op_type.startswith("QLinear"):
         return None
@@ -209,14 +211,23 @@ def accumulator(c: Config, inputs, attributes) -> np.ndarray | None:
     if c.op_type == "QLinearMatMul":
         if _etype(c.x_type).kind != "integer" or _etype(c.w_type).kind != "integer":
             return None
-        return matmul_integer(arrays["a"], arrays["b"], arrays["a_zero_point"],
-                              arrays["b_zero_point"], opset=c.version)
-    acc = conv_integer(arrays["x"], arrays["w"], arrays["x_zero_point"], arrays["w_zero_point"],
-                       opset=c.version, **attributes)
+        return call_op(matmul_integer, arrays["a"], arrays["b"], arrays["a_zero_point"],
+                       arrays["b_zero_point"], opset=c.version, datapath=_accumulating(datapath))
+    acc = call_op(conv_integer, arrays["x"], arrays["w"], arrays["x_zero_point"],
+                  arrays["w_zero_point"], opset=c.version, datapath=_accumulating(datapath),
+                  **attributes)
     if "B" in arrays:
         bias = arrays["B"].astype(np.int64).reshape((1, -1) + (1,) * (acc.ndim - 2))
         acc = ((acc.astype(np.int64) + bias + 2**31) % 2**32 - 2**31).astype(np.int32)
     return acc
+
+
+def _accumulating(datapath):
+    """The part of the datapath that MatMulInteger / ConvInteger read for the QLinear
+    accumulator: its accumulator (the requantization fields belong to the QLinear op)."""
+    from ..datapath import as_datapath, Datapath
+
+    return Datapath(accumulator=as_datapath(datapath).accumulator)
 
 
 __all__ = ["accumulator", "integer_inputs"]

@@ -321,6 +321,9 @@ def available_formats() -> tuple[str, ...]:
 def case_files(case, formats, word_bits: int = DEFAULT_WORD_BITS):
     """(relative path, bytes) of every file of the case, and its manifest entry."""
     files: list[tuple[str, bytes]] = []
+    if "onnx" in formats and not case.onnx_expressible:
+        raise ValueError(f"{case.name}: no ONNX model computes a case under a non-default "
+                         "datapath; write it as npz and hex (formats without onnx)")
     case_dir = f"{NODE_DIR}/{case.name}"
     data_dir = f"{case_dir}/test_data_set_0"
     if "onnx" in formats:
@@ -365,7 +368,8 @@ def case_files(case, formats, word_bits: int = DEFAULT_WORD_BITS):
         "divergence": case.divergence,
         "divergences": [{"heading": h, "implementations": list(who)}
                         for h, who in case.divergences],
-        "runs_on": runs_on(config),
+        # A non-default datapath: no runtime computes these bits from an ONNX model.
+        "runs_on": runs_on(config) if case.onnx_expressible else [],
     }
     if "npz" in formats:
         path = f"{NPZ_DIR}/{case.name}.npz"
