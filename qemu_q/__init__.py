@@ -20,6 +20,7 @@ from ._registry import run_op
 from ._threads import MAX_THREADS, get_num_threads, set_num_threads
 from .golden.verify import VerifyReport, verify
 from .qparams import choose_qparams
+from . import profiles
 
 __version__ = "0.1.0"
 
@@ -33,7 +34,7 @@ __all__ = [
     "mx_quantize", "mx_dequantize", "mx_dequantize_graph", "mx_scale_shape", "MX_ELEMENTS", "MX_SCALE_RULES",
     "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_global_scale",
     "quantize_multiplier", "requantize",
-    "Datapath",
+    "Datapath", "profiles",
 ]
 
 

@@ -25,3 +25,23 @@ def package_home():
     import qemu_q
 
     return pathlib.Path(qemu_q.__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def golden_suite():
+    """Every case of the default golden suite, built once per session."""
+    from qemu_q import golden
+
+    return [golden.build_case(config) for config in golden.iter_configs()]
+
+
+@pytest.fixture(scope="session")
+def golden_peer_runs(golden_suite):
+    """What onnx.reference and onnxruntime give on every case of the default suite, run
+    once per session (tests/golden_peers.py, run_peers): shared by tests/test_golden.py
+    and tests/test_profiles.py."""
+    pytest.importorskip("onnx", reason="the golden peers need the onnx extra")
+    pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+    import golden_peers
+
+    return golden_peers.run_peers(golden_suite)

@@ -2,7 +2,6 @@
 onnxruntime outside the documented divergences, file formats, determinism, and a Verilog
 testbench that unpacks the hex files."""
 
-import ctypes
 import json
 import os
 import pathlib
@@ -24,6 +23,8 @@ from qemu_q.golden import writers
 onnx = pytest.importorskip("onnx", reason="golden tests read models with onnx (test extra)")
 from onnx import numpy_helper  # noqa: E402
 
+import golden_peers  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTBENCH = ROOT / "tests" / "verilog" / "unpack_tb.v"
 DIVERGENCES_DOC = ROOT / "docs" / "divergences.md"
@@ -42,8 +43,8 @@ def _bits(array: np.ndarray) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def suite():
-    return [golden.build_case(config) for config in golden.iter_configs()]
+def suite(golden_suite):
+    return golden_suite  # built once per session (tests/conftest.py)
 
 
 def test_names_unique_and_stable(suite):
@@ -240,58 +241,6 @@ def test_every_model_is_valid_onnx(suite):
 # runs_on), checked here by running every case.
 
 
-def run_reference(case, model_bytes):
-    from onnx.reference import ReferenceEvaluator
-
-    model = onnx.load_from_string(model_bytes)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(None, dict(case.inputs))
-
-
-_ORT_SESSION_OPTIONS = None
-
-
-def run_onnxruntime(case, model_bytes):
-    """Through IOBinding and raw buffers: ORT's numpy API cannot pass int4 / int2 / most
-    float8 tensors, OrtValues over packed bytes can."""
-    import onnxruntime as ort
-
-    global _ORT_SESSION_OPTIONS
-    if _ORT_SESSION_OPTIONS is None:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        options.intra_op_num_threads = 1
-        _ORT_SESSION_OPTIONS = options
-    session = ort.InferenceSession(model_bytes, _ORT_SESSION_OPTIONS,
-                                   providers=["CPUExecutionProvider"])
-    binding = session.io_binding()
-    keep = []
-    for name, array in case.inputs:
-        etype = qemu_q.element_type(array.dtype)
-        value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), etype.onnx_id)
-        data = np.ascontiguousarray(qemu_q.pack(array))
-        assert value.tensor_size_in_bytes() == data.nbytes
-        if data.nbytes:
-            ctypes.memmove(value.data_ptr(), data.ctypes.data, data.nbytes)
-        keep.append((value, data))
-        binding.bind_ortvalue_input(name, value)
-    outputs = []
-    for name, expected in case.outputs:
-        etype = qemu_q.element_type(expected.dtype)
-        value = ort.OrtValue.ortvalue_from_shape_and_type(list(expected.shape), etype.onnx_id)
-        binding.bind_ortvalue_output(name, value)
-        outputs.append((value, etype, expected.shape))
-    session.run_with_iobinding(binding)
-    results = []
-    for value, etype, shape in outputs:
-        size = value.tensor_size_in_bytes()
-        raw = bytes((ctypes.c_uint8 * size).from_address(value.data_ptr())) if size else b""
-        results.append(qemu_q.unpack(raw, etype.name, shape))
-    return results
-
-
 def _mismatch(case, got) -> str | None:
     for (name, expected), result in zip(case.outputs, got):
         result = np.asarray(result)
@@ -309,30 +258,25 @@ def _mismatch(case, got) -> str | None:
     return None
 
 
-RUNTIMES = {REFERENCE: run_reference, ONNXRUNTIME: run_onnxruntime}
+RUNTIMES = golden_peers.RUNTIMES
 
 
 @pytest.fixture(scope="module")
-def comparisons(suite):
+def comparisons(suite, golden_peer_runs):
     """(runtime, case name) -> ("cannot" | "divergence" | "ok" | "mismatch" | "error", text)
 
-    Every case runs, the divergent ones too: a mismatch outside the marked cases fails
-    test_runtimes_agree; a divergence row that never shows fails
-    test_every_divergence_row_shows."""
-    pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+    Every case runs, the divergent ones too (once per test session: the peers' outputs
+    are the session fixture `golden_peer_runs`, which tests/test_profiles.py shares): a
+    mismatch outside the marked cases fails test_runtimes_agree; a divergence row that
+    never shows fails test_every_divergence_row_shows."""
     results = {}
     for case in suite:
-        model_bytes = writers.model_bytes(case)
-        for runtime, run in RUNTIMES.items():
-            reason = golden.cannot_run(runtime, case.config)
-            if reason:
-                results[(runtime, case.name)] = ("cannot", reason)
+        for runtime in RUNTIMES:
+            status, value = golden_peer_runs[(runtime, case.name)]
+            if status != "ran":
+                results[(runtime, case.name)] = (status, value)
                 continue
-            try:
-                problem = _mismatch(case, run(case, model_bytes))
-            except Exception as error:  # noqa: BLE001 - reported per case below
-                results[(runtime, case.name)] = ("error", f"{type(error).__name__}: {error}")
-                continue
+            problem = _mismatch(case, value)
             headings = [h for h, who in case.divergences if runtime in who]
             if headings:
                 results[(runtime, case.name)] = ("divergence", "; ".join(headings), problem,
@@ -785,7 +729,7 @@ def test_variant_and_block_size_options(tmp_path, package_home):
     case = golden.build_case(next(iter(golden.iter_configs(golden.Selection(
         ops=("q",), opsets=(21,), types=("int4",), variants=("blocked*",),
         block_sizes=(5,))))))
-    (got,) = run_reference(case, (out / entry["onnx_dir"] / "model.onnx").read_bytes())
+    (got,) = golden_peers.run_reference(case, (out / entry["onnx_dir"] / "model.onnx").read_bytes())
     assert _bits(got) == _bits(arrays["expected_y"])
     bad = subprocess.run(base + ["--list", "--block-size", "0"], capture_output=True,
                          text=True, env=env, cwd=str(package_home))
