@@ -2,6 +2,7 @@
 exit code 2 (usage) or 1 (failure)."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -420,3 +421,151 @@ def test_spec(capsys):
 def test_spec_errors(capsys, argv, fragments):
     code, _out, err = run(capsys, *argv)
     assert_one_line_error(err, code, 2, *fragments)
+
+
+# --------------------------------------------------------------------------------------
+# golden --datapath FILE.json (docs/golden.md, "A described datapath")
+
+TIES_AWAY_RECIPROCAL = {"rounding": "half_away", "scale": "reciprocal", "scale_precision": "float32"}
+DATAPATH_SELECTION = ["--op", "q", "--opset", "21", "--type", "int8", "--granularity",
+                      "per_tensor", "--variant", "base"]
+
+
+def _datapath_file(tmp_path, fields, name="dp.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(fields) if not isinstance(fields, str) else fields)
+    return path
+
+
+def test_golden_datapath_writes_npz_and_hex_with_the_datapath(capsys, tmp_path):
+    import datapath_oracle
+    from qemu_q.golden import datapaths
+
+    out = tmp_path / "g"
+    dp_file = _datapath_file(tmp_path, TIES_AWAY_RECIPROCAL)
+    code, stdout, err = run(capsys, "golden", "--out", out, "--datapath", dp_file,
+                            *DATAPATH_SELECTION)
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["datapath"] == {
+        "rounding": "half_away", "scale": "reciprocal", "scale_precision": "float32",
+        "nan": "spec", "nan_to_integer": "min", "subnormals": "keep", "accumulator": "int32",
+        "requantization": None}
+    assert manifest["datapath_is_onnx"] is False
+    assert "not written" in manifest["onnx_folders"] and manifest["formats"] == ["npz", "hex"]
+    assert not list(out.rglob("*.onnx")) and not list(out.rglob("*.pb"))
+    assert list(out.rglob("*.hex"))
+    dp = qemu_q.Datapath(**TIES_AWAY_RECIPROCAL)
+    differs = 0
+    assert len(manifest["cases"]) == 6
+    for entry in manifest["cases"]:
+        assert entry["onnx_dir"] is None and entry["runs_on"] == [] and entry["divergences"] == []
+        meta, arrays = writers.read_npz(out / entry["npz"])
+        x, scale, zp = arrays["x"], arrays["y_scale"], arrays["y_zero_point"]
+        y = arrays["expected_y"]
+        direct = qemu_q.quantize_linear(x, scale, zp, opset=21, datapath=dp)
+        assert y.dtype == direct.dtype and y.tobytes() == direct.tobytes(), entry["name"]
+        # and from the definition (tests/datapath_oracle.py), not from the op
+        codes = datapath_oracle.quantize_array(x, float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0]),
+                                               "int8", TIES_AWAY_RECIPROCAL | {"nan": "spec",
+                                               "nan_to_integer": "min", "subnormals": "keep"},
+                                               precision="float", x_type="float", opset=21)
+        assert y.view(np.uint8).tolist() == codes.astype(np.uint8).tolist(), entry["name"]
+        onnx_bits = qemu_q.quantize_linear(x, scale, zp, opset=21)
+        differs += int(onnx_bits.tobytes() != y.tobytes())
+        hexed = writers.read_hex((out / entry["outputs"][0]["hex"]).read_text(), "int8", y.shape)
+        assert hexed.tobytes() == y.tobytes()
+    assert differs >= 2  # the datapath changed the grid and near-tie cases
+    assert datapaths.FIELDS == tuple(manifest["datapath"])
+
+
+def test_golden_default_datapath_file_changes_no_byte(capsys, tmp_path):
+    selection = ["--op", "q", "--opset", "21", "--type", "uint8", "--family", "grid"]
+    assert run(capsys, "golden", "--out", tmp_path / "a", *selection)[0] == 0
+    code, _, err = run(capsys, "golden", "--out", tmp_path / "b", "--datapath",
+                       _datapath_file(tmp_path, {}), *selection)
+    assert code == 0, err
+    a = {p.relative_to(tmp_path / "a"): p.read_bytes() for p in (tmp_path / "a").rglob("*")
+         if p.is_file()}
+    b = {p.relative_to(tmp_path / "b"): p.read_bytes() for p in (tmp_path / "b").rglob("*")
+         if p.is_file()}
+    assert a.keys() == b.keys() and any(p.suffix == ".onnx" for p in a)
+    for path in a:
+        if path.name != "manifest.json":
+            assert a[path] == b[path], path
+    manifest = json.loads(b[pathlib.Path("manifest.json")])
+    assert manifest["datapath_is_onnx"] is True and "onnx_folders" not in manifest
+
+
+def test_golden_stochastic_datapath_writes_its_words(capsys, tmp_path):
+    import hashlib
+
+    out = tmp_path / "g"
+    code, _, err = run(capsys, "golden", "--out", out, "--datapath",
+                       _datapath_file(tmp_path, {"rounding": "stochastic"}), "--seed", "3",
+                       "--op", "q", "--opset", "21", "--type", "int8", "--family", "near_ties",
+                       "--variant", "base")
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "random_bits" in manifest and "sha256" in manifest["random_bits"]
+    (entry,) = manifest["cases"]
+    assert [t["name"] for t in entry["inputs"]] == ["x", "y_scale", "y_zero_point", "random_bits"]
+    _, arrays = writers.read_npz(out / entry["npz"])
+    x, words = arrays["x"], arrays["random_bits"]
+    # The rule as the manifest states it, written out here.
+    digest = hashlib.sha256(f"3:{entry['name']}:random_bits".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    assert words.dtype == np.uint32 and words.tolist() == \
+        rng.integers(0, 2**32, x.shape, dtype=np.uint32).tolist()
+    direct = qemu_q.quantize_linear(x, arrays["y_scale"], arrays["y_zero_point"], opset=21,
+                                    datapath=qemu_q.Datapath(rounding="stochastic"),
+                                    random_bits=words)
+    assert arrays["expected_y"].tobytes() == direct.tobytes()
+
+
+def test_golden_datapath_leaves_out_ops_without_datapath(capsys, tmp_path):
+    out = tmp_path / "g"
+    code, _, err = run(capsys, "golden", "--out", out, "--datapath",
+                       _datapath_file(tmp_path, {"rounding": "up"}), "--op", "q,dynamic",
+                       "--opset", "21", "--type", "uint8", "--family", "random", "--variant",
+                       "base")
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [c["op_type"] for c in manifest["cases"]] == ["QuantizeLinear"]
+    assert "DynamicQuantizeLinear" in manifest["datapath_omitted_ops"]
+
+
+def test_golden_datapath_list_has_no_divergence_notes(capsys, tmp_path):
+    code, out, _ = run(capsys, "golden", "--list", "--datapath",
+                       _datapath_file(tmp_path, {"rounding": "down"}), "--op", "q",
+                       "--opset", "21", "--type", "uint8", "--family", "overflow")
+    assert code == 0 and out.strip() and "[divergence" not in out
+
+
+@pytest.mark.parametrize("content, code, fragments", [
+    ('{"roundin": "half_away"}', 2, ["unknown key 'roundin'", "rounding"]),
+    ('{"rounding": "half"}', 2, ["rounding='half'", "half_away"]),
+    ('{"rounding": 1}', 2, ["rounding=1", "string"]),
+    ('{"scale": "reciprocal"}', 2, ["scale_precision"]),
+    ('{"accumulator": "int99"}', 2, ["accumulator", "int99"]),
+    ('["half_away"]', 2, ["JSON object", "list"]),
+    ('{"rounding": ', 2, ["not valid JSON"]),
+    (None, 1, ["No such file"]),
+])
+def test_golden_datapath_file_errors(capsys, tmp_path, content, code, fragments):
+    path = tmp_path / "missing.json" if content is None else _datapath_file(tmp_path, content)
+    got, _out, err = run(capsys, "golden", "--out", tmp_path / "g", "--datapath", path,
+                         "--op", "q", "--opset", "21")
+    assert_one_line_error(err, got, code, *fragments)
+    assert not (tmp_path / "g").exists()
+
+
+def test_golden_datapath_option_combinations(capsys, tmp_path):
+    dp_file = _datapath_file(tmp_path, {"rounding": "up"})
+    got, _out, err = run(capsys, "golden", "--out", tmp_path / "g", "--datapath", dp_file,
+                         "--format", "onnx,npz", "--op", "q", "--opset", "21")
+    assert_one_line_error(err, got, 2, "--format onnx", "non-default")
+    got, _out, err = run(capsys, "golden", "--out", tmp_path / "g", "--datapath", dp_file,
+                         "--op", "dynamic")
+    assert_one_line_error(err, got, 2, "no case that takes a datapath", "DynamicQuantizeLinear")
+    assert not (tmp_path / "g").exists()
