@@ -106,9 +106,13 @@ def test_profiles_section_documents_every_profile():
     assert "\n# Peer profiles\n" in text
     section = text[text.index("\n# Peer profiles\n"):]
     for name, profile in profiles.PROFILES.items():
-        assert f"`{name}`" in section, name
+        start = section.index(f"### `{name}`")
+        end = section.find("\n### ", start + 1)
+        words = " ".join(section[start:end if end > 0 else None].split())  # lines rewrapped
         for heading in (*profile.reproduces, *profile.remainder):
-            assert heading in section, (name, heading)
+            assert f'"{heading}"' in words, (name, heading)
+        for op_type, branch in profile.pending.items():
+            assert f"{op_type} ({branch})" in words, (name, op_type)
     api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     for name in profiles.PROFILES:
         assert f"profiles.{name}" in api, name
