@@ -412,6 +412,12 @@ def cmd_golden(args) -> int:
     if not args.out:
         raise UsageError(f"{PROG} golden: --out DIR is required (except with --list)")
     formats = _formats(args, datapath)
+    if not datapath.is_onnx:
+        # An op that does not take the datapath (or refuses a field) stops the command
+        # before anything is written: its first case is built here.
+        for op_type in dict.fromkeys(c.op_type for c in configs):
+            golden.build_case(next(c for c in configs if c.op_type == op_type), args.seed,
+                              args.size, datapath)
     _prepare_out(args.out, args.force)
     header = {
         "qemu_q_version": __version__,

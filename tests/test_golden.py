@@ -734,3 +734,25 @@ def test_variant_and_block_size_options(tmp_path, package_home):
     bad = subprocess.run(base + ["--list", "--block-size", "0"], capture_output=True,
                          text=True, env=env, cwd=str(package_home))
     assert bad.returncode == 2 and "block size 0" in bad.stderr
+
+
+def test_run_node_is_run_op_under_the_default_datapath(suite):
+    """The suite's outputs come from golden/datapaths.py's run_node (the one helper that
+    passes datapath=); under the default datapath they are run_op's, on every case."""
+    from qemu_q.golden import datapaths
+
+    checked = 0
+    for case in suite:
+        if case.model_builder is not None:  # MX / NVFP4: no single node
+            continue
+        node_inputs = [array for _name, array in case.inputs]
+        want = qemu_q.run_op(case.op_type, node_inputs, case.attributes, case.config.version)
+        got, bits = datapaths.run_node(case.op_type, node_inputs, case.attributes,
+                                       case.config.version, qemu_q.Datapath())
+        assert bits is None
+        for (name, expected), a, b in zip(case.outputs, want, got):
+            a, b = np.asarray(a), np.asarray(b)
+            assert a.dtype == b.dtype == expected.dtype and _bits(a) == _bits(b) == _bits(expected), \
+                (case.name, name)
+        checked += 1
+    assert checked > 10000

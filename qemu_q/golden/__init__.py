@@ -6,7 +6,9 @@ per-tensor, default attributes) run on every input family, plus one-factor-at-a-
 variants: each other x type, each other scale type, each `precision`, `saturate=0` for the
 float8 types, `output_dtype` and an absent zero point, per-axis and blocked granularity,
 and special scale values. Each variant runs on the input families where it can change a
-bit. Every case is small; the expected outputs are what `qemu_q.run_op` computes.
+bit. Every case is small; the expected outputs are what `qemu_q.run_op` computes (or,
+for a suite under a described datapath, `qemu-q golden --datapath`, the ops called with
+that `datapath=`: datapaths.py).
 
 Input families, kept apart so that special values stay in a few small cases (and a case
 whose bits differ from another implementation's by design is one named case, see
@@ -51,6 +53,8 @@ Modules, by concern:
   configs       Config (a case without its data), each op's configurations, Selection,
                 iter_configs
   families      the input families: Case, build_case, generate
+  datapaths     the suite's datapath (`qemu-q golden --datapath`): call_op, the one helper
+                that passes datapath= to every op call; run_node; the datapath file
   integer_families  the integer datapath ops' inputs and the int32 accumulator extra
   block_scaled  MX and NVFP4 cases: configurations, inputs, the dequantize graph
   divergences   the peer-divergence table (DIVERGENCES, rows keyed to docs/divergences.md
@@ -65,6 +69,7 @@ from .configs import (CAST_FAMILIES, CONV_GEOMETRIES, DQ_FAMILIES, INTEGER_FAMIL
                       MATMUL_GEOMETRIES, DYNAMIC_FAMILIES, FAMILIES, OPS, Q_FAMILIES, Config,
                       Selection, iter_configs)
 from .divergences import BOTH, DIVERGENCES, ONNXRUNTIME, REFERENCE, divergences_of
+from . import datapaths
 from .families import DEFAULT_SEED, DEFAULT_SIZE, Case, build_case, generate
 from .runtimes import RUNTIMES, cannot_run, runs_on
 
@@ -72,6 +77,6 @@ __all__ = [
     "BLOCK_SCALED_FAMILIES", "BLOCK_SCALED_OPS", "BOTH", "CAST_FAMILIES", "CONV_GEOMETRIES", "DEFAULT_SEED", "INTEGER_FAMILIES",
     "MATMUL_GEOMETRIES", "DEFAULT_SIZE", "DIVERGENCES", "DQ_FAMILIES", "DYNAMIC_FAMILIES",
     "FAMILIES", "ONNXRUNTIME", "OPS", "Q_FAMILIES", "REFERENCE", "RUNTIMES", "Case",
-    "Config", "Selection", "build_case", "cannot_run", "divergences_of", "generate",
+    "Config", "Selection", "build_case", "datapaths", "cannot_run", "divergences_of", "generate",
     "iter_configs", "runs_on",
 ]
