@@ -574,7 +574,8 @@ def test_golden_datapath_option_combinations(capsys, tmp_path):
 def test_golden_datapath_an_op_without_it_stops_before_writing(capsys, tmp_path, monkeypatch):
     """A non-default datapath that reaches an op function without datapath= (until the
     dqcast and mxint merges: cast, cast_like, mx_quantize, nvfp4_quantize) is one line
-    naming the function and the field, exit 1, and nothing is written."""
+    naming the function and the field, exit 1, and nothing is written. PENDING MERGE:
+    goes with call_op's pending block."""
     from qemu_q.golden import datapaths
 
     def quantize_linear_before_datapath(x, y_scale, y_zero_point=None, *, opset=None):

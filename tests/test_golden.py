@@ -24,6 +24,7 @@ onnx = pytest.importorskip("onnx", reason="golden tests read models with onnx (t
 from onnx import numpy_helper  # noqa: E402
 
 import golden_peers  # noqa: E402
+from golden_peers import run_onnxruntime, run_reference  # noqa: E402,F401 (test_verify imports them)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTBENCH = ROOT / "tests" / "verilog" / "unpack_tb.v"

@@ -157,8 +157,9 @@ def block_scaled_x(c, rng) -> np.ndarray:
 
 
 def block_scaled_case(c, rng, datapath=None):
-    """(inputs, outputs, extras, model builder) of an MX or NVFP4 case, every op call
-    with the suite's datapath (`datapaths.call_op`)."""
+    """(inputs, outputs, extras, model builder) of an MX or NVFP4 case: the quantizer
+    runs under the suite's datapath (`datapaths.call_op`), y is the ONNX dequantize graph
+    of its codes."""
     from .. import mx_dequantize, mx_dequantize_graph, mx_quantize, nvfp4_dequantize, nvfp4_quantize
     from ..ops.nvfp4 import dequantize_model
     from .datapaths import call_op
@@ -167,8 +168,9 @@ def block_scaled_case(c, rng, datapath=None):
     if c.op_type == "MX":
         codes, scales = call_op(mx_quantize, x, c.qtype, axis=-1, block_size=MX_BLOCK,
                                 scale_rule=c.variant, datapath=datapath)
-        y = call_op(mx_dequantize, codes, scales, axis=-1, block_size=MX_BLOCK,
-                    datapath=datapath)
+        # The expected y is the ONNX dequantize graph of the codes (mx_dequantize and
+        # nvfp4_dequantize take no datapath=: the datapath describes the quantizer).
+        y = mx_dequantize(codes, scales, axis=-1, block_size=MX_BLOCK)
         graph = mx_dequantize_graph(c.qtype, axis=-1, block_size=MX_BLOCK)
         inputs = [("codes", codes), ("scales", scales)]
         return inputs, [("y", y)], [("x", x)], lambda: _graph_model(graph, inputs, y)
@@ -176,8 +178,7 @@ def block_scaled_case(c, rng, datapath=None):
     block_shape = (16, 16) if c.variant.endswith("_tiles16x16") else (1, 16)
     codes, block_scales, global_scale = call_op(nvfp4_quantize, x, recipe=recipe, axis=-1,
                                                 block_shape=block_shape, datapath=datapath)
-    y = call_op(nvfp4_dequantize, codes, block_scales, global_scale, axis=-1,
-                datapath=datapath)
+    y = nvfp4_dequantize(codes, block_scales, global_scale, axis=-1)
     inputs = [("codes", codes), ("block_scales", block_scales), ("global_scale", global_scale)]
     return inputs, [("y", y)], [("x", x)], lambda: dequantize_model(codes.shape, axis=-1,
                                                                      opset=c.version)
