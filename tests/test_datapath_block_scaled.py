@@ -309,3 +309,36 @@ def test_nvfp4_stochastic_word_alignment_and_2d_tiles():
     assert axis0.T.view(np.uint8).tolist() == axis1.view(np.uint8).tolist()
     assert axis1.view(np.uint8).tolist() == nvfp4_oracle(big, "transformer_engine", "stochastic",
                                                          words).tolist()
+
+
+# --- instruction-set levels and threads ------------------------------------------------------
+
+def test_every_option_same_bits_on_every_level_and_thread_count():
+    from qemu_q import _kernels
+
+    x = F16_SAMPLE[:64 * 32].astype(np.float32).reshape(64, 32)
+    words = words_for(x.shape, 5)
+    a = np.arange(-128, 128, dtype=np.int8).reshape(16, 16)
+    calls = {
+        "mx": lambda n: qemu_q.mx_quantize(x, "float6e3m2", n_threads=n, random_bits=words, datapath=qemu_q.Datapath(
+            rounding="stochastic", subnormals="flush_both", scale_precision="float32")),
+        "mxint8": lambda n: qemu_q.mx_quantize(x, "int8", n_threads=n, datapath=qemu_q.Datapath(rounding="to_odd")),
+        "nvfp4": lambda n: qemu_q.nvfp4_quantize(x, recipe="torchao", n_threads=n, random_bits=words,
+                                                 datapath=qemu_q.Datapath(rounding="stochastic"))[:2],
+        "qlinear": lambda n: (qemu_q.qlinear_matmul(
+            a, np.float32(0.37), np.int8(1), a, np.float32(0.05), np.int8(-2), np.float32(0.5), np.int8(3),
+            n_threads=n, datapath=qemu_q.Datapath(rounding="half_away", requantization="float32",
+                                                  accumulator="int16-saturate")),),
+    }
+    level = _kernels.active.level
+    results = {}
+    try:
+        for lv in _kernels.available_levels():
+            _kernels.use(lv)
+            for n in (1, 2):
+                for name, call in calls.items():
+                    results.setdefault(name, []).append((lv, n, [r.tobytes() for r in call(n)]))
+    finally:
+        _kernels.use(level)
+    for name, runs in results.items():
+        assert all(bits == runs[0][2] for _, _, bits in runs), name
