@@ -10,7 +10,6 @@
 # packing where every group starts on a whole packing group (qemu_q/ops/mx.py).
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport fabs, copysign
 from libc.stdint cimport int32_t, uint8_t, uint32_t
 from libc.stdlib cimport malloc, free
 
@@ -18,11 +17,11 @@ from _tasks cimport run_tasks
 from _codecs cimport (
     SF_COUNT, SmallFloat32Encoder, small_float32_encoder, small_float_format, SmallFloatFormat,
     float_bits, bits_float, round_biased, saturate_biased, select_i32, pow2,
-    round_magnitude, round_to_small_float_value, DP_HALF_EVEN, DP_STOCHASTIC,
+    DP_HALF_EVEN, DP_STOCHASTIC,
 )
 from _mx_codecs cimport (
     MXElement, MX_FLOOR, MX_CEIL, MX_EVEN, MX_RCEIL, MX_RCEIL_F32, MX_SCALE_NAN,
-    mx_scale_code, mx_inverse_scale, encode_mx_small_float,
+    mx_scale_code, mx_inverse_scale, encode_mx_small_float, round_to_code, round_to_int8,
 )
 from _subbyte cimport pack_codes, packed_bytes
 
@@ -64,7 +63,8 @@ cdef struct MXPlan:
     bint quotient_f32      # x / X rounded to float32 (scale_precision="float32") first
     int mantissa_bits      # the element's, for the rounding
     int min_exponent
-    double max_value
+    int32_t max_code       # the element's largest finite code (OCP's clamp)
+    int32_t sign_bit       # the element's sign bit
 
 
 cdef struct MXWork:
@@ -121,24 +121,16 @@ cdef inline int datapath_element(float x, int code, uint32_t word, const MXPlan*
     # x * 2**(127 - code) a double normal), or rounded to float32 first; rounded by the
     # mode on the element's precision (MXINT8: units of 2**-6), an output subnormal flushed
     # if asked, then clamped to +-max (OCP) and encoded (an exact value: its own code).
-    cdef double q, t, n, r
+    cdef double q
     if code == MX_SCALE_NAN:
         return p.nan_code
     q = <double>x * pow2(127 - code)
     if p.quotient_f32:
         q = <double>(<float>q)
     if p.int8:
-        t = fabs(q) * <double>INT8_UNITS
-        if t > 1099511627776.0:  # 2**40: far beyond 127 whatever the mode
-            t = 1099511627776.0
-        n = round_magnitude(t, q < 0.0, p.rounding, word)
-        if n > 127.0:
-            n = 127.0
-        return (-<int32_t>n if q < 0.0 else <int32_t>n) & 0xFF
-    r = round_to_small_float_value(q, p.mantissa_bits, p.min_exponent, p.rounding, word, p.flush_outputs)
-    if fabs(r) > p.max_value:
-        r = copysign(p.max_value, r)
-    return encode_mx_small_float(<float>r, &p.encoder)
+        return round_to_int8(q, p.rounding, word) & 0xFF
+    return (round_to_code(q, p.rounding, word, p.mantissa_bits, p.min_exponent, p.max_code, p.flush_outputs)
+            | select_i32(float_bits(x) >> 31, p.sign_bit, 0))
 
 
 cdef void quantize_groups_datapath(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out,
@@ -335,6 +327,8 @@ cdef class MXQuantizeConfig:
             p.nan_code = 0
             p.mantissa_bits = 6
             p.min_exponent = 0
+            p.max_code = 127
+            p.sign_bit = 0
             p.encoder = small_float32_encoder(0, True, 0)
         else:
             f = small_float_format(element)
@@ -348,6 +342,8 @@ cdef class MXQuantizeConfig:
                 p.nan_code = 0x7F  # datapath nan="canonical": NVIDIA's one NaN code
             p.mantissa_bits = f.mantissa_bits
             p.min_exponent = f.min_exponent
+            p.max_code = f.max_code
+            p.sign_bit = 1 << (f.width - 1)
             if f.unsigned_zero:
                 # encode_mx_small_float writes -0 codes: FNUZ formats are no MX elements.
                 raise ValueError(f"MXQuantizeConfig: element={element} is an FNUZ format, no MX element")
@@ -360,7 +356,6 @@ cdef class MXQuantizeConfig:
         p.element.emax = emax
         p.element.max_fraction = <uint32_t>((max_value / 2.0 ** emax - 1.0) * 8388608.0)
         p.element.max_reciprocal = <float>(1.0 / max_value)
-        p.max_value = max_value
 
     @property
     def n_scales(self):

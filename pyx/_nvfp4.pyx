@@ -19,8 +19,9 @@ from _tasks cimport run_tasks
 from _codecs cimport (
     SF_E4M3FN, SF_E2M1, SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32, float_bits, bits_float,
-    select_i32, round_to_small_float_value, DP_HALF_EVEN, DP_STOCHASTIC,
+    select_i32, DP_HALF_EVEN, DP_STOCHASTIC,
 )
+from _mx_codecs cimport round_to_code
 from _memory cimport check_aligned
 
 cdef enum NVFP4Recipe:
@@ -123,17 +124,12 @@ cdef inline int encode_e2m1_datapath(float q, int recipe, int mode, uint32_t wor
     # The recipe's float32 element q rounded by the datapath mode on e2m1's one mantissa
     # bit (smallest normal 1.0; an infinite q is clamped high first), saturated to +-6 as
     # every recipe's conversion does; the recipe's own NaN and -0 codes are kept.
-    cdef double r
     if q != q:
         return 0x4 if recipe == RECIPE_TORCHAO else 0x7
     if recipe == RECIPE_MODELOPT and float_bits(q) == <uint32_t>0x80000000u:
         return 0x0
-    r = round_to_small_float_value(<double>q, 1, 0, mode, word, False)
-    if r > 6.0:
-        r = 6.0
-    if r < -6.0:
-        r = -6.0
-    return encode_small_float32(<float>r, e)
+    # e2m1: 1 mantissa bit, smallest normal 2**0, largest code 0x7 (+6), sign 0x8
+    return round_to_code(<double>q, mode, word, 1, 0, 0x7, False) | select_i32(float_bits(q) >> 31, 0x8, 0)
 
 
 cdef void encode_run_datapath(const float* x, uint8_t* codes, const uint32_t* words, Py_ssize_t count,
