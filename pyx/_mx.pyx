@@ -116,15 +116,12 @@ cdef inline float datapath_input(float v, const MXPlan* p) noexcept nogil:
     return v
 
 
-cdef inline int datapath_element(float x, int code, uint32_t word, const MXPlan* p) noexcept nogil:
-    # One element under the datapath: q = x / X exact in double (X a power of two, every
-    # x * 2**(127 - code) a double normal), or rounded to float32 first; rounded by the
-    # mode on the element's precision (MXINT8: units of 2**-6), an output subnormal flushed
-    # if asked, then clamped to +-max (OCP) and encoded (an exact value: its own code).
-    cdef double q
-    if code == MX_SCALE_NAN:
-        return p.nan_code
-    q = <double>x * pow2(127 - code)
+cdef inline int datapath_element(float x, double inverse, uint32_t word, const MXPlan* p) noexcept nogil:
+    # One element of a finite block under the datapath: q = x / X = x * 2**(127 - code)
+    # exact in double (X a power of two, every such q a double normal), or rounded to
+    # float32 first; rounded by the mode on the element's precision (MXINT8: units of
+    # 2**-6), an output subnormal flushed if asked, clamped to +-max (OCP), x's sign kept.
+    cdef double q = <double>x * inverse
     if p.quotient_f32:
         q = <double>(<float>q)
     if p.int8:
@@ -136,27 +133,43 @@ cdef inline int datapath_element(float x, int code, uint32_t word, const MXPlan*
 cdef void quantize_groups_datapath(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out,
                                    Py_ssize_t out_base) noexcept nogil:
     # quantize_groups under a non-default datapath: one column of a block at a time, every
-    # element through datapath_element (the options cost a scalar loop, never a bit).
-    cdef const MXPlan* p = &w.plan
+    # element through datapath_element (the options cost a scalar loop, never a bit). The
+    # plan is copied to a local: stores through `out` could alias w.plan, and would make
+    # the compiler reload every field per element.
+    cdef MXPlan plan = w.plan
+    cdef const MXPlan* p = &plan
+    cdef const float* x = w.x
+    cdef const uint32_t* words = w.words
     cdef Py_ssize_t g, o, b, rows, j, c, start, i
+    cdef Py_ssize_t inner = plan.inner
     cdef uint32_t amax, a
     cdef int code
+    cdef double inverse
     for g in range(g0, g1):
-        o = g // p.n_blocks
-        b = g - o * p.n_blocks
-        rows = min(p.block_size, p.axis_len - b * p.block_size)
-        start = (o * p.axis_len + b * p.block_size) * p.inner
-        for c in range(p.inner):
+        o = g // plan.n_blocks
+        b = g - o * plan.n_blocks
+        rows = min(plan.block_size, plan.axis_len - b * plan.block_size)
+        start = (o * plan.axis_len + b * plan.block_size) * inner
+        for c in range(inner):
             amax = 0
             for j in range(rows):
-                a = float_bits(datapath_input(w.x[start + j * p.inner + c], p)) & 0x7FFFFFFF
+                a = float_bits(datapath_input(x[start + j * inner + c], p)) & 0x7FFFFFFF
                 amax = a if a > amax else amax
-            code = mx_scale_code(amax, p.rule, &p.element)
-            w.scales[g * p.inner + c] = <uint8_t>code
-            for j in range(rows):
-                i = start + j * p.inner + c
-                out[i - out_base] = <uint8_t>datapath_element(
-                    datapath_input(w.x[i], p), code, w.words[i] if w.words != NULL else 0, p)
+            code = mx_scale_code(amax, plan.rule, &plan.element)
+            w.scales[g * inner + c] = <uint8_t>code
+            if code == MX_SCALE_NAN:
+                for j in range(rows):
+                    out[start + j * inner + c - out_base] = <uint8_t>plan.nan_code
+                continue
+            inverse = pow2(127 - code)
+            if words != NULL:
+                for j in range(rows):
+                    i = start + j * inner + c
+                    out[i - out_base] = <uint8_t>datapath_element(datapath_input(x[i], p), inverse, words[i], p)
+            else:
+                for j in range(rows):
+                    i = start + j * inner + c
+                    out[i - out_base] = <uint8_t>datapath_element(datapath_input(x[i], p), inverse, 0, p)
 
 
 cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out, Py_ssize_t out_base) noexcept nogil:
