@@ -141,7 +141,9 @@ def qlinear_options(datapath, requantization, accumulator: str, where: str):
     or to the float8 output, `nan_to_integer` is the code a NaN value gives, `nan` the
     float8 output's NaN code. `scale`, `scale_precision` and `subnormals` describe steps
     these ops have (forming the multiplier, subnormal scales and float8 results) that
-    qemu_q does not implement for them: a non-default value is a ValueError."""
+    qemu_q does not implement for them: a non-default value is a ValueError, but for
+    scale_precision="float32" with the "float32" rule, which forms its multiplier by
+    float32 division already."""
     datapath = as_datapath(datapath)
     accumulator = integer_op_accumulator(datapath, accumulator, where)
     if datapath.requantization is not None:
@@ -151,6 +153,8 @@ def qlinear_options(datapath, requantization, accumulator: str, where: str):
         requantization = datapath.requantization
     for name in ("scale", "scale_precision", "subnormals"):
         value = getattr(datapath, name)
+        if name == "scale_precision" and value == "float32" and requantization == "float32":
+            continue  # the "float32" rule divides in float32: the same multiplier
         if value != getattr(ONNX, name):
             raise ValueError(
                 f"{where}: datapath {name}={value!r} is not implemented for the QLinear ops' "

@@ -238,3 +238,17 @@ def test_qlinear_refuses_the_options_it_does_not_implement(field, value):
     x = a.reshape(1, 1, 1, 1)
     with pytest.raises(ValueError, match=f"QLinearConv: datapath {field}={value!r}"):
         qemu_q.qlinear_conv(x, one, zero, x, one, zero, one, zero, datapath=datapath)
+
+
+def test_qlinear_scale_precision_float32_agrees_with_the_float32_rule():
+    a = np.arange(-128, 128, dtype=np.int8).reshape(256, 1)
+    b = np.array([[3, -7]], np.int8)
+    args = (np.float32(0.01), np.int8(0), b, np.float32(0.3), np.int8(0), np.float32(0.07), np.int8(1))
+    agreed = qemu_q.Datapath(requantization="float32", scale_precision="float32")
+    y = qemu_q.qlinear_matmul(a, *args, datapath=agreed)
+    assert y.tolist() == [[oracle_code(int(v) * int(c), 0.01, 0.3, 0.07, 1, "float32", "half_even") for c in b[0]]
+                          for v in a[:, 0]]
+    for rule in ("exact", "float64"):
+        with pytest.raises(ValueError, match="QLinearMatMul: datapath scale_precision='float32'"):
+            qemu_q.qlinear_matmul(a, *args, requantization=rule,
+                                  datapath=qemu_q.Datapath(scale_precision="float32"))
