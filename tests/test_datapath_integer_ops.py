@@ -176,6 +176,15 @@ def test_qlinear_float8_output_takes_the_rounding_and_nan():
                 q = Fraction(int(v) * int(c), 16)
                 want.append(do.to_small_float(q, q < 0, "float8_e4m3fn", {"rounding": mode}, 0, 1, 21))
         assert y.view(np.uint8).ravel().tolist() == want
+    # y_scale 0: 0 / 0 is NaN; "canonical" writes NVIDIA's one NaN code 0x7F whatever its sign
+    zero_acc = np.zeros((1, 1), np.int8)
+    import platform
+
+    spec_nan = (0xFF,) if platform.machine() in ("x86_64", "AMD64") else (0x7F, 0xFF)  # x86: negative
+    for nan, allowed in (("spec", spec_nan), ("canonical", (0x7F,))):
+        y = qemu_q.qlinear_matmul(zero_acc, np.float32(1.0), np.int8(0), zero_acc, np.float32(1.0), np.int8(0),
+                                  np.float32(0.0), zp, opset=21, datapath=qemu_q.Datapath(nan=nan))
+        assert int(y.view(np.uint8)[0, 0]) in allowed
 
 
 def test_the_datapath_requantization_is_the_argument():
