@@ -6,11 +6,12 @@
 # levels differ in vector width only, never in a bit.
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport fabs, fabsf, nearbyint, nearbyintf, isnan, isinf, isfinite
+from libc.math cimport fabs, fabsf, nearbyint, nearbyintf, isnan, isinf, isfinite, copysign
 from libc.stdint cimport int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 
 from _codecs cimport (float_bits, bits_float, round_to_value_format, FMT_FLOAT32,
-                      FMT_FLOAT16, FMT_BFLOAT16)
+                      FMT_FLOAT16, FMT_BFLOAT16, round_magnitude, DP_HALF_EVEN, DP_STOCHASTIC,
+                      DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX)
 from _tasks cimport run_tasks
 
 
@@ -749,15 +750,20 @@ cdef class RequantizeConfig:
     cdef readonly int32_t zero_point
     cdef readonly int32_t lo
     cdef readonly int32_t hi
+    cdef readonly int rounding
+    cdef readonly int nan_to_integer
 
     def __init__(self, *, str rule, str scale_format, bint float_output, int zero_point=0,
-                 int lo=0, int hi=0):
+                 int lo=0, int hi=0, int rounding=DP_HALF_EVEN, int nan_to_integer=DP_NAN_MIN):
         if rule not in RULES:
             raise ValueError(f"RequantizeConfig: unknown rule {rule!r}")
         if scale_format not in SCALE_FORMATS:
             raise ValueError(f"RequantizeConfig: unknown scale format {scale_format!r}")
         if not float_output and not (lo <= zero_point <= hi):
             raise ValueError("RequantizeConfig: zero point outside [lo, hi]")
+        check_datapath_codes("RequantizeConfig", rounding, nan_to_integer)
+        self.rounding = rounding
+        self.nan_to_integer = nan_to_integer
         self.rule = RULES[rule]
         self.scale_format = SCALE_FORMATS[scale_format]
         self.float_output = float_output
@@ -782,12 +788,40 @@ cdef struct RequantizeWork:
     uint8_t* codes           # integer output, the low byte of each code
     float* values            # float output
     bint uniform_cols        # every column scale has the same bits
+    int rounding             # DatapathRounding of the rule's value to an integer
+    int32_t nan_code         # the code a NaN value gives (datapath nan_to_integer)
+
+
+cdef inline void check_datapath_codes(str where, int rounding, int nan_to_integer) except *:
+    # Stochastic rounding needs a word per output that the requantization does not take.
+    if not (DP_HALF_EVEN <= rounding < DP_STOCHASTIC):
+        raise ValueError(f"{where}: rounding code {rounding}; allowed {DP_HALF_EVEN}..{DP_STOCHASTIC - 1}")
+    if not (DP_NAN_MIN <= nan_to_integer <= DP_NAN_MAX):
+        raise ValueError(f"{where}: nan_to_integer code {nan_to_integer}; allowed {DP_NAN_MIN}..{DP_NAN_MAX}")
+
+
+cdef inline int32_t nan_code_of(int nan_to_integer, int32_t zero_point, int32_t lo, int32_t hi) noexcept:
+    # "zero": round(NaN) read as 0, then the zero point added (within [lo, hi] already).
+    if nan_to_integer == DP_NAN_ZERO:
+        return zero_point
+    return hi if nan_to_integer == DP_NAN_MAX else lo
+
+
+cdef inline double round_by(double v, int mode) noexcept nogil:
+    # v rounded to an integer by the datapath mode (half_even: the FPU's default, as the
+    # ONNX rules). Non-finite v and |v| >= 2**52 (integers already) pass through.
+    if mode == DP_HALF_EVEN:
+        return nearbyint(v)
+    if not isfinite(v) or fabs(v) >= 4503599627370496.0:
+        return v
+    return copysign(round_magnitude(fabs(v), v < 0.0, mode, 0), v)
 
 
 cdef inline int32_t saturate_code(double r, const RequantizeWork* w) noexcept nogil:
-    # r: an integer value (or +-inf, NaN). NaN gives the minimum, as QuantizeLinear.
+    # r: an integer value (or +-inf, NaN). NaN gives the datapath's code (ONNX: the
+    # minimum, as QuantizeLinear).
     if isnan(r):
-        return w.lo
+        return w.nan_code
     if r >= <double>w.hi:
         return w.hi
     if r <= <double>w.lo:
@@ -801,6 +835,13 @@ cdef inline int32_t exact_code(int32_t acc, float sa, float sb, float sy,
     if not (isfinite(sa) and isfinite(sb) and isfinite(sy)) or sy == 0.0:
         v = (<double>acc * sa * sb) / sy
         return saturate_code(v if isnan(v) else v + w.zero_point, w)
+    if w.rounding != DP_HALF_EVEN:
+        # Rounded to odd at 53 bits, below 2**30: any mode then rounds it to an integer as
+        # it would the exact value (Boldo and Melquiond).
+        v = exact_value(acc, sa, sb, sy, 53)
+        if fabs(v) >= 1073741824.0:
+            return w.hi if v > 0 else w.lo
+        return saturate_code(round_by(v, w.rounding) + w.zero_point, w)
     # A fast estimate, exact unless it lies within its error of a rounding midpoint:
     # p is exact (two 24-bit significands), t and v each add one rounding, so
     # |v - exact| <= 2**-51 |v| while nothing underflows (|t| >= 2**-960).
@@ -906,10 +947,10 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
         # One multiplier for the whole row (the columns share a scale: QLinearConv's
         # x_scale, a per-tensor b_scale): the rule's per-element arithmetic without the
         # per-element division.
-        if w.uniform_cols and not w.float_output and w.rule == RULE_EXACT:
+        if w.uniform_cols and not w.float_output and w.rule == RULE_EXACT and w.rounding == DP_HALF_EVEN:
             if requantize_row_exact(w.acc + r * w.cols, sa, w.col_scale[0], w.codes + r * w.cols, w.cols, w):
                 continue
-        if w.uniform_cols and not w.float_output and w.rule != RULE_EXACT:
+        if w.uniform_cols and not w.float_output and w.rule != RULE_EXACT and w.rounding == DP_HALF_EVEN:
             if w.rule == RULE_FLOAT32:
                 m32 = multiplier32(sa, w.col_scale[0], w.y_scale)
                 if isfinite(m32):
@@ -938,7 +979,7 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
                 if w.float_output:
                     w.values[i] = v32
                     continue
-                code = saturate_code(v32 if isnan(v32) else <double>nearbyintf(v32) + w.zero_point, w)
+                code = saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding) + w.zero_point, w)
             else:
                 m64 = multiplier_in_format(sa, sb, w.y_scale, w.scale_format)
                 d = <double>acc * m64
@@ -946,7 +987,7 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
                     w.values[i] = float_to_odd(d)
                     continue
                 d = d + <double>w.zero_point
-                code = saturate_code(nearbyint(d), w)
+                code = saturate_code(round_by(d, w.rounding), w)
             w.codes[i] = <uint8_t>(code & 0xFF)
 
 
@@ -975,6 +1016,8 @@ def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const floa
     work.codes = NULL
     work.values = NULL
     work.uniform_cols = True
+    work.rounding = config.rounding
+    work.nan_code = nan_code_of(config.nan_to_integer, config.zero_point, config.lo, config.hi)
     for i in range(1, col_scale.shape[0]):
         if float_bits(col_scale[i]) != float_bits(col_scale[0]):
             work.uniform_cols = False
@@ -1123,9 +1166,12 @@ cdef class FloatMatmulConfig:
     cdef readonly int32_t lo
     cdef readonly int32_t hi
     cdef readonly int shift
+    cdef readonly int rounding
+    cdef readonly int nan_to_integer
 
     def __init__(self, *, str rule, str scale_format, bint float_output, int shift,
-                 int zero_point=0, int lo=0, int hi=0):
+                 int zero_point=0, int lo=0, int hi=0, int rounding=DP_HALF_EVEN,
+                 int nan_to_integer=DP_NAN_MIN):
         if rule not in RULES:
             raise ValueError(f"FloatMatmulConfig: unknown rule {rule!r}")
         if scale_format not in SCALE_FORMATS:
@@ -1134,6 +1180,9 @@ cdef class FloatMatmulConfig:
             raise ValueError("FloatMatmulConfig: zero point outside [lo, hi]")
         if not 0 <= shift <= 40:
             raise ValueError(f"FloatMatmulConfig: shift={shift}; allowed 0..40")
+        check_datapath_codes("FloatMatmulConfig", rounding, nan_to_integer)
+        self.rounding = rounding
+        self.nan_to_integer = nan_to_integer
         self.rule = RULES[rule]
         self.scale_format = SCALE_FORMATS[scale_format]
         self.float_output = float_output
@@ -1180,7 +1229,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
             elif fabs(v) >= 1073741824.0:
                 w.codes[i] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
             else:
-                w.codes[i] = <uint8_t>(saturate_code(nearbyint(v) + w.zero_point, w) & 0xFF)
+                w.codes[i] = <uint8_t>(saturate_code(round_by(v, w.rounding) + w.zero_point, w) & 0xFF)
             return
         if finite:
             s = round_i128(n, -shift, 53, 0)
@@ -1198,7 +1247,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
         if w.float_output:
             w.values[i] = v32
         else:
-            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else <double>nearbyintf(v32) + w.zero_point, w) & 0xFF)
+            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding) + w.zero_point, w) & 0xFF)
         return
     if finite:
         s = round_i128(n, -shift, 53, 0)  # fl64(S)
@@ -1207,7 +1256,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
     if w.float_output:
         w.values[i] = float_to_odd(d)
     else:
-        w.codes[i] = <uint8_t>(saturate_code(nearbyint(d + <double>w.zero_point), w) & 0xFF)
+        w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding), w) & 0xFF)
 
 
 cdef void float_matmul_task(const void* work, Py_ssize_t task) noexcept nogil:
@@ -1293,6 +1342,8 @@ def float_matmul_requantize(const int64_t[:, :, ::1] a_fixed, const int64_t[:, :
     work.rq.codes = NULL
     work.rq.values = NULL
     work.rq.uniform_cols = False
+    work.rq.rounding = config.rounding
+    work.rq.nan_code = nan_code_of(config.nan_to_integer, config.zero_point, config.lo, config.hi)
     if config.float_output:
         values = out
         if values.shape[0] != items * rows or values.shape[1] != cols:

@@ -16,11 +16,12 @@ from libc.stdlib cimport malloc, free
 from _tasks cimport run_tasks
 from _codecs cimport (
     SF_COUNT, SmallFloat32Encoder, small_float32_encoder, small_float_format, SmallFloatFormat,
-    float_bits, round_biased, saturate_biased, select_i32,
+    float_bits, bits_float, round_biased, saturate_biased, select_i32, pow2,
+    DP_HALF_EVEN, DP_STOCHASTIC,
 )
 from _mx_codecs cimport (
     MXElement, MX_FLOOR, MX_CEIL, MX_EVEN, MX_RCEIL, MX_RCEIL_F32, MX_SCALE_NAN,
-    mx_scale_code, mx_inverse_scale, encode_mx_small_float,
+    mx_scale_code, mx_inverse_scale, encode_mx_small_float, round_to_code, round_to_int8,
 )
 from _subbyte cimport pack_codes, packed_bytes
 
@@ -52,10 +53,23 @@ cdef struct MXPlan:
     int code_bits         # packed width (4 or 6), 0 for one code per byte
     MXElement element
     SmallFloat32Encoder encoder
+    # qemu_q.Datapath (docs/semantics.md, "Datapath options", MX): any of these runs the
+    # general element loop (quantize_groups_datapath) instead of the fast one.
+    bint datapath
+    int rounding           # DatapathRounding of x / X into the element
+    bint flush_inputs      # x below flush_below (float32 magnitude bits) is a signed zero
+    uint32_t flush_below
+    bint flush_outputs     # a subnormal element result is a signed zero
+    bint quotient_f32      # x / X rounded to float32 (scale_precision="float32") first
+    int mantissa_bits      # the element's, for the rounding
+    int min_exponent
+    int32_t max_code       # the element's largest finite code (OCP's clamp)
+    int32_t sign_bit       # the element's sign bit
 
 
 cdef struct MXWork:
     const float* x
+    const uint32_t* words   # datapath rounding "stochastic": one word per element of x
     uint8_t* codes        # one per byte, or the packed bytes
     uint8_t* scales
     Py_ssize_t size
@@ -94,6 +108,70 @@ cdef inline uint32_t block_amax(const float* x, Py_ssize_t n) noexcept nogil:
     return m
 
 
+cdef inline float datapath_input(float v, const MXPlan* p) noexcept nogil:
+    # subnormals "flush_inputs": a subnormal of x's own type becomes a zero of its sign.
+    cdef uint32_t b = float_bits(v)
+    if p.flush_inputs and (b & 0x7FFFFFFF) < p.flush_below:
+        return bits_float(b & <uint32_t>0x80000000u)
+    return v
+
+
+cdef inline int datapath_element(float x, double inverse, uint32_t word, const MXPlan* p) noexcept nogil:
+    # One element of a finite block under the datapath: q = x / X = x * 2**(127 - code)
+    # exact in double (X a power of two, every such q a double normal), or rounded to
+    # float32 first; rounded by the mode on the element's precision (MXINT8: units of
+    # 2**-6), an output subnormal flushed if asked, clamped to +-max (OCP), x's sign kept.
+    cdef double q = <double>x * inverse
+    if p.quotient_f32:
+        q = <double>(<float>q)
+    if p.int8:
+        return round_to_int8(q, p.rounding, word) & 0xFF
+    return (round_to_code(q, p.rounding, word, p.mantissa_bits, p.min_exponent, p.max_code, p.flush_outputs)
+            | select_i32(float_bits(x) >> 31, p.sign_bit, 0))
+
+
+cdef void quantize_groups_datapath(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out,
+                                   Py_ssize_t out_base) noexcept nogil:
+    # quantize_groups under a non-default datapath: one column of a block at a time, every
+    # element through datapath_element (the options cost a scalar loop, never a bit). The
+    # plan is copied to a local: stores through `out` could alias w.plan, and would make
+    # the compiler reload every field per element.
+    cdef MXPlan plan = w.plan
+    cdef const MXPlan* p = &plan
+    cdef const float* x = w.x
+    cdef const uint32_t* words = w.words
+    cdef Py_ssize_t g, o, b, rows, j, c, start, i
+    cdef Py_ssize_t inner = plan.inner
+    cdef uint32_t amax, a
+    cdef int code
+    cdef double inverse
+    for g in range(g0, g1):
+        o = g // plan.n_blocks
+        b = g - o * plan.n_blocks
+        rows = min(plan.block_size, plan.axis_len - b * plan.block_size)
+        start = (o * plan.axis_len + b * plan.block_size) * inner
+        for c in range(inner):
+            amax = 0
+            for j in range(rows):
+                a = float_bits(datapath_input(x[start + j * inner + c], p)) & 0x7FFFFFFF
+                amax = a if a > amax else amax
+            code = mx_scale_code(amax, plan.rule, &plan.element)
+            w.scales[g * inner + c] = <uint8_t>code
+            if code == MX_SCALE_NAN:
+                for j in range(rows):
+                    out[start + j * inner + c - out_base] = <uint8_t>plan.nan_code
+                continue
+            inverse = pow2(127 - code)
+            if words != NULL:
+                for j in range(rows):
+                    i = start + j * inner + c
+                    out[i - out_base] = <uint8_t>datapath_element(datapath_input(x[i], p), inverse, words[i], p)
+            else:
+                for j in range(rows):
+                    i = start + j * inner + c
+                    out[i - out_base] = <uint8_t>datapath_element(datapath_input(x[i], p), inverse, 0, p)
+
+
 cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out, Py_ssize_t out_base) noexcept nogil:
     # Groups [g0, g1); `out` receives the one-per-byte code of flat element i at
     # out[i - out_base].
@@ -119,6 +197,9 @@ cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t
     cdef Py_ssize_t axis_len = p.axis_len
     cdef Py_ssize_t n_blocks = p.n_blocks
     cdef uint8_t* scales = w.scales
+    if p.datapath:
+        quantize_groups_datapath(w, g0, g1, out, out_base)
+        return
     if inner == 1:
         # Consecutive groups of the innermost axis are consecutive runs of x: one division
         # for the task, none per block; the plan's fields are in locals, since the stores
@@ -215,7 +296,9 @@ cdef class MXQuantizeConfig:
     cdef MXPlan plan
 
     def __init__(self, *, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
-                 Py_ssize_t block_size, int element, int rule, int code_bits):
+                 Py_ssize_t block_size, int element, int rule, int code_bits,
+                 int rounding=DP_HALF_EVEN, bint flush_inputs=False, uint32_t flush_below=0x00800000,
+                 bint flush_outputs=False, bint quotient_f32=False, bint canonical_nan=False):
         cdef SmallFloatFormat f
         if outer < 0 or axis_len < 1 or inner < 1:
             raise ValueError(f"MXQuantizeConfig: extents ({outer}, {axis_len}, {inner}) must be >= (0, 1, 1)")
@@ -237,10 +320,28 @@ cdef class MXQuantizeConfig:
         p.rule = rule
         p.int8 = element == ELEMENT_INT8
         p.code_bits = code_bits
+        if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
+            raise ValueError(f"MXQuantizeConfig: rounding code {rounding}; allowed {DP_HALF_EVEN}..{DP_STOCHASTIC}")
+        if flush_below not in (0x00800000, 0x38800000):
+            raise ValueError(f"MXQuantizeConfig: flush_below={flush_below:#x}; allowed 0x00800000 "
+                             "(float32, bfloat16) or 0x38800000 (float16)")
+        p.rounding = rounding
+        p.flush_inputs = flush_inputs
+        p.flush_below = flush_below
+        p.flush_outputs = flush_outputs
+        p.quotient_f32 = quotient_f32
+        # Round to nearest even of a float32 quotient is the exact quotient's (below 2**-126
+        # both are far below half the smallest element subnormal): only the other modes
+        # and the flushes need the general loop.
+        p.datapath = rounding != DP_HALF_EVEN or flush_inputs or flush_outputs
         if p.int8:
             max_value = 127.0 / 64.0
             p.element.fraction_bits = 6
             p.nan_code = 0
+            p.mantissa_bits = 6
+            p.min_exponent = 0
+            p.max_code = 127
+            p.sign_bit = 0
             p.encoder = small_float32_encoder(0, True, 0)
         else:
             f = small_float_format(element)
@@ -250,6 +351,12 @@ cdef class MXQuantizeConfig:
             p.element.fraction_bits = f.mantissa_bits
             # The element's quiet NaN where it has one (e4m3fn 0x7F, e5m2 0x7E), else +0.
             p.nan_code = f.nan_code if f.nan_code >= 0 else 0
+            if canonical_nan and f.nan_code >= 0:
+                p.nan_code = 0x7F  # datapath nan="canonical": NVIDIA's one NaN code
+            p.mantissa_bits = f.mantissa_bits
+            p.min_exponent = f.min_exponent
+            p.max_code = f.max_code
+            p.sign_bit = 1 << (f.width - 1)
             if f.unsigned_zero:
                 # encode_mx_small_float writes -0 codes: FNUZ formats are no MX elements.
                 raise ValueError(f"MXQuantizeConfig: element={element} is an FNUZ format, no MX element")
@@ -277,8 +384,9 @@ cdef class MXQuantizeConfig:
 
 
 def mx_quantize(const float[::1] x, uint8_t[::1] codes, uint8_t[::1] scales,
-                MXQuantizeConfig config not None, int n_threads):
-    """codes, scales = MX(x): codes one per byte (config.code_bits == 0) or packed."""
+                MXQuantizeConfig config not None, int n_threads, const uint32_t[::1] random_bits=None):
+    """codes, scales = MX(x): codes one per byte (config.code_bits == 0) or packed;
+    random_bits (one word per element of x) with the datapath rounding "stochastic"."""
     cdef MXWork work
     cdef Py_ssize_t size = x.shape[0]
     cdef Py_ssize_t n_tasks
@@ -295,8 +403,15 @@ def mx_quantize(const float[::1] x, uint8_t[::1] codes, uint8_t[::1] scales,
                          f"{work.plan.code_bits} bits take {packed_bytes(size, work.plan.code_bits)}")
     if scales.shape[0] != config.n_scales:
         raise ValueError(f"mx_quantize: scales has {scales.shape[0]} bytes; the layout has {config.n_scales} blocks")
+    if (work.plan.rounding == DP_STOCHASTIC) != (random_bits is not None):
+        raise ValueError("mx_quantize: random_bits go with the rounding 'stochastic', and only with it")
+    if random_bits is not None and random_bits.shape[0] != size:
+        raise ValueError(f"mx_quantize: random_bits has {random_bits.shape[0]} words; x has {size} elements")
+    work.words = NULL
     if size == 0:
         return
+    if random_bits is not None:
+        work.words = &random_bits[0]
     if work.plan.code_bits:
         # Every group must start on a whole packing group (4 codes) for tasks to own whole bytes.
         if (work.plan.block_size * work.plan.inner) % 4 or (work.plan.axis_len * work.plan.inner) % 4:

@@ -122,3 +122,102 @@ cdef inline int encode_mx_small_float(float q, const SmallFloat32Encoder* e) noe
     cdef int32_t max_code = e.max_code
     magnitude = magnitude if magnitude < max_code else max_code
     return sign | magnitude
+
+
+# qemu_q.Datapath's element rounding for the block-scaled quantizers (MX, NVFP4), on the
+# bits of an exact double: docs/semantics.md's rounding table with integer arithmetic, so
+# that a mode costs a few integer operations instead of the general path's frexp and fmod.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    /* The DatapathRounding codes of _codecs.pxd (datapath.ROUNDINGS order). */
+    enum { QQ_HALF_EVEN, QQ_HALF_AWAY, QQ_HALF_UP, QQ_HALF_DOWN, QQ_TOWARD_ZERO, QQ_DOWN,
+           QQ_UP, QQ_TO_ODD, QQ_STOCHASTIC };
+
+    /* Whether whole + rem / 2^s (0 < s < 64, rem < 2^s) rounds up by `mode`; neg is the
+       value's sign; word the stochastic word, added to the first 32 bits of the fraction
+       (rem / 2^s truncated to 32 bits): a carry out of bit 32 rounds up. */
+    static inline int qq_round_up(uint64_t whole, uint64_t rem, int s, int neg, int mode,
+                                  uint32_t word) {
+        uint64_t half, top;
+        if (rem == 0) return 0;
+        half = (uint64_t)1 << (s - 1);
+        switch (mode) {
+        case QQ_HALF_EVEN: return rem > half || (rem == half && (whole & 1));
+        case QQ_HALF_AWAY: return rem >= half;
+        case QQ_HALF_UP: return rem > half || (rem == half && !neg);
+        case QQ_HALF_DOWN: return rem > half || (rem == half && neg);
+        case QQ_TOWARD_ZERO: return 0;
+        case QQ_DOWN: return neg;
+        case QQ_UP: return !neg;
+        case QQ_TO_ODD: return !(whole & 1);
+        default:
+            top = s >= 32 ? rem >> (s - 32) : rem << (32 - s);
+            return ((top + (uint64_t)word) >> 32) != 0;
+        }
+    }
+
+    /* The code magnitude of q (a finite or infinite double, not NaN) rounded by `mode` to a
+       binary format of m mantissa bits whose smallest normal is 2^emin, with an unbounded
+       exponent, then clamped to max_code (codes are monotone in magnitude). `flush`: a
+       nonzero subnormal result (code below 2^m) becomes 0. */
+    static inline int32_t qq_round_to_code(double q, int mode, uint32_t word, int m, int emin,
+                                           int32_t max_code, int flush) {
+        uint64_t b, mant, whole, rem;
+        int exp, u, s, neg;
+        int64_t code;
+        memcpy(&b, &q, 8);
+        neg = (int)(b >> 63);
+        b &= 0x7FFFFFFFFFFFFFFFull;
+        if (b == 0) return 0;
+        exp = (int)(b >> 52) - 1023;
+        if (exp > 30) return max_code;  /* beyond every element's range, inf included */
+        /* q is a normal double (the callers' quotients are): value = mant * 2^(exp - 52) */
+        mant = (b & 0xFFFFFFFFFFFFFull) | ((uint64_t)1 << 52);
+        u = (exp > emin ? exp : emin) - m;  /* the exponent of the result's ulp */
+        s = u - (exp - 52);                 /* >= 52 - m > 0 */
+        if (s >= 64) {
+            /* below 2^-11 of an ulp: the fraction's first 32 bits at s = 63, and a sticky
+               bit (no tie is possible there) */
+            whole = 0;
+            rem = s - 63 >= 64 ? 1 : (mant >> (s - 63)) | ((mant & ((((uint64_t)1) << (s - 63)) - 1)) != 0);
+            s = 63;
+        } else {
+            whole = mant >> s;
+            rem = mant & ((((uint64_t)1) << s) - 1);
+        }
+        whole += qq_round_up(whole, rem, s, neg, mode, word);
+        code = (int64_t)whole + ((int64_t)(u - (emin - m)) << m);
+        if (flush && code < ((int64_t)1 << m)) code = 0;
+        return code > max_code ? max_code : (int32_t)code;
+    }
+
+    /* MXINT8: |q| * 2^6 rounded to an integer by `mode`, clamped to 127, with q's sign. */
+    static inline int32_t qq_round_to_int8(double q, int mode, uint32_t word) {
+        uint64_t b, mant, whole, rem;
+        int exp, s, neg;
+        memcpy(&b, &q, 8);
+        neg = (int)(b >> 63);
+        b &= 0x7FFFFFFFFFFFFFFFull;
+        if (b == 0) return 0;
+        exp = (int)(b >> 52) - 1023;
+        if (exp > 1) return neg ? -127 : 127;  /* |q| >= 4: |q| * 64 >= 256 */
+        mant = (b & 0xFFFFFFFFFFFFFull) | ((uint64_t)1 << 52);
+        s = 46 - exp;  /* value * 2^6 = mant * 2^(exp + 6 - 52) */
+        if (s >= 64) {
+            whole = 0;
+            rem = s - 63 >= 64 ? 1 : (mant >> (s - 63)) | ((mant & ((((uint64_t)1) << (s - 63)) - 1)) != 0);
+            s = 63;
+        } else {
+            whole = mant >> s;
+            rem = mant & ((((uint64_t)1) << s) - 1);
+        }
+        whole += qq_round_up(whole, rem, s, neg, mode, word);
+        if (whole > 127) whole = 127;
+        return neg ? -(int32_t)whole : (int32_t)whole;
+    }
+    """
+    int32_t round_to_code "qq_round_to_code" (double q, int mode, uint32_t word, int m, int emin,
+                                               int32_t max_code, bint flush) noexcept nogil
+    int32_t round_to_int8 "qq_round_to_int8" (double q, int mode, uint32_t word) noexcept nogil

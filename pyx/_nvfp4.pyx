@@ -19,8 +19,9 @@ from _tasks cimport run_tasks
 from _codecs cimport (
     SF_E4M3FN, SF_E2M1, SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32, float_bits, bits_float,
-    select_i32,
+    select_i32, DP_HALF_EVEN, DP_STOCHASTIC,
 )
+from _mx_codecs cimport round_to_code
 from _memory cimport check_aligned
 
 cdef enum NVFP4Recipe:
@@ -55,10 +56,12 @@ cdef struct NVFP4Plan:
     SmallFloat32Encoder e4m3
     SmallFloat32Decoder e4m3_decoder
     SmallFloat32Encoder e2m1
+    int rounding              # datapath: DatapathRounding of the element into e2m1
 
 
 cdef struct NVFP4Work:
     const float* x
+    const uint32_t* words     # datapath rounding "stochastic": one word per element of x
     uint8_t* codes
     uint8_t* scales
     NVFP4Plan plan
@@ -114,6 +117,31 @@ cdef inline int encode_e2m1_modelopt(float q, const SmallFloat32Encoder* e) noex
     cdef int code = encode_small_float32(q, e)
     code = select_i32(float_bits(q) == <uint32_t>0x80000000u, 0x0, code)
     return select_i32(q != q, 0x7, code)
+
+
+cdef inline int encode_e2m1_datapath(float q, int recipe, int mode, uint32_t word,
+                                     const SmallFloat32Encoder* e) noexcept nogil:
+    # The recipe's float32 element q rounded by the datapath mode on e2m1's one mantissa
+    # bit (smallest normal 1.0; an infinite q is clamped high first), saturated to +-6 as
+    # every recipe's conversion does; the recipe's own NaN and -0 codes are kept.
+    if q != q:
+        return 0x4 if recipe == RECIPE_TORCHAO else 0x7
+    if recipe == RECIPE_MODELOPT and float_bits(q) == <uint32_t>0x80000000u:
+        return 0x0
+    # e2m1: 1 mantissa bit, smallest normal 2**0, largest code 0x7 (+6), sign 0x8
+    return round_to_code(<double>q, mode, word, 1, 0, 0x7, False) | select_i32(float_bits(q) >> 31, 0x8, 0)
+
+
+cdef void encode_run_datapath(const float* x, uint8_t* codes, const uint32_t* words, Py_ssize_t count,
+                              Py_ssize_t stride, float factor, int recipe, int mode,
+                              const SmallFloat32Encoder* e2m1) noexcept nogil:
+    # encode_run under a datapath rounding: the recipe's element operation, then the mode.
+    cdef Py_ssize_t j
+    cdef float q
+    for j in range(count):
+        q = x[j * stride] / factor if recipe == RECIPE_MODELOPT else x[j * stride] * factor
+        codes[j * stride] = <uint8_t>encode_e2m1_datapath(
+            q, recipe, mode, words[j * stride] if words != NULL else 0, e2m1)
 
 
 cdef inline void encode_run(const float* x, uint8_t* codes, Py_ssize_t count, Py_ssize_t stride,
@@ -249,7 +277,11 @@ cdef void nvfp4_task(const void* work, Py_ssize_t task) noexcept nogil:
         for o in range(o0, o1):
             for i in range(i0, i1):
                 at = (o * p.length + k0) * p.inner + i
-                encode_run(w.x + at, w.codes + at, k1 - k0, p.inner, factor, p.recipe, &p.e2m1)
+                if p.rounding != DP_HALF_EVEN:
+                    encode_run_datapath(w.x + at, w.codes + at, w.words + at if w.words != NULL else NULL,
+                                        k1 - k0, p.inner, factor, p.recipe, p.rounding, &p.e2m1)
+                else:
+                    encode_run(w.x + at, w.codes + at, k1 - k0, p.inner, factor, p.recipe, &p.e2m1)
                 w.scales[(o * p.n_blocks + kb) * p.inner + i] = <uint8_t>scale_code
 
 
@@ -262,7 +294,8 @@ cdef class NVFP4Config:
     cdef NVFP4Plan plan
 
     def __init__(self, *, str recipe, Py_ssize_t outer, Py_ssize_t length, Py_ssize_t inner,
-                 Py_ssize_t tile_outer, Py_ssize_t tile_inner, float global_amax):
+                 Py_ssize_t tile_outer, Py_ssize_t tile_inner, float global_amax,
+                 int rounding=DP_HALF_EVEN):
         if recipe not in _RECIPES:
             raise ValueError(f"NVFP4Config: unknown recipe {recipe!r}; known {', '.join(_RECIPES)}")
         if outer < 0 or length < 0 or inner < 0:
@@ -271,7 +304,10 @@ cdef class NVFP4Config:
             raise ValueError(f"NVFP4Config: tiles span 1 or 16 along one side, got {tile_outer} x {tile_inner}")
         if not (global_amax >= 0.0 or global_amax != global_amax):
             raise ValueError(f"NVFP4Config: global_amax={global_amax} is negative")
+        if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
+            raise ValueError(f"NVFP4Config: rounding code {rounding}; allowed {DP_HALF_EVEN}..{DP_STOCHASTIC}")
         p = &self.plan
+        p.rounding = rounding
         p.recipe = _RECIPES[recipe]
         p.outer = outer
         p.length = length
@@ -311,8 +347,9 @@ def global_scale(str recipe, float global_amax):
 
 
 def quantize(const float[::1] x, uint8_t[::1] codes, uint8_t[::1] scales, NVFP4Config config,
-             int n_threads):
-    """codes (one float4e2m1 code per byte) and block scales (float8e4m3fn bytes) of x."""
+             int n_threads, const uint32_t[::1] random_bits=None):
+    """codes (one float4e2m1 code per byte) and block scales (float8e4m3fn bytes) of x;
+    random_bits (one word per element) with the datapath rounding "stochastic"."""
     cdef NVFP4Work work
     cdef Py_ssize_t n
     work.plan = config.plan
@@ -321,8 +358,15 @@ def quantize(const float[::1] x, uint8_t[::1] codes, uint8_t[::1] scales, NVFP4C
         raise ValueError(f"quantize: x has {x.shape[0]} and codes {codes.shape[0]} elements; the layout has {n}")
     if scales.shape[0] != config.n_scales:
         raise ValueError(f"quantize: scales has {scales.shape[0]} bytes; the layout has {config.n_scales} blocks")
+    if (config.plan.rounding == DP_STOCHASTIC) != (random_bits is not None):
+        raise ValueError("quantize: random_bits go with the rounding 'stochastic', and only with it")
+    if random_bits is not None and random_bits.shape[0] != n:
+        raise ValueError(f"quantize: random_bits has {random_bits.shape[0]} words; x has {n} elements")
+    work.words = NULL
     if n == 0:
         return
+    if random_bits is not None:
+        work.words = &random_bits[0]
     check_aligned(&x[0], 4, "x")
     work.x = &x[0]
     work.codes = &codes[0]

@@ -116,21 +116,53 @@ def as_datapath(datapath, where: str = "datapath") -> Datapath:
 
 
 def integer_op_accumulator(datapath, accumulator: str, where: str) -> str:
-    """The accumulator an integer op runs with: `accumulator=`, or the datapath's. The
-    integer ops take the datapath's accumulator only (their requantization has its own
-    named rules, `requantization=`); another non-default option is a ValueError."""
+    """The accumulator an integer op runs with: `accumulator=`, or the datapath's (both
+    given and different: a ValueError). MatMulInteger and ConvInteger have no other step a
+    Datapath describes: they ignore its other fields (docs/semantics.md, "which op reads
+    which option")."""
     datapath = as_datapath(datapath)
-    others = {name: getattr(datapath, name) for name in (
-        "rounding", "scale", "scale_precision", "nan", "nan_to_integer", "subnormals")
-        if getattr(datapath, name) != getattr(ONNX, name)}
-    if others:
-        name, value = next(iter(others.items()))
-        raise ValueError(f"{where}: datapath {name}={value!r} is not implemented for the "
-                         "integer ops; they take the datapath's accumulator only (and "
-                         "requantization= for the QLinear ops)")
     if datapath.accumulator != ONNX.accumulator:
         if accumulator != ONNX.accumulator and accumulator != datapath.accumulator:
             raise ValueError(f"{where}: accumulator={accumulator!r} and datapath accumulator="
                              f"{datapath.accumulator!r} disagree; give one")
         return datapath.accumulator
     return accumulator
+
+
+# The QLinear ops' own default requantization rule (their `requantization=` default).
+QLINEAR_DEFAULT_RULE = "exact"
+
+
+def qlinear_options(datapath, requantization, accumulator: str, where: str):
+    """QLinearMatMul's and QLinearConv's options under a datapath: (requantization rule,
+    accumulator, rounding, nan_to_integer, nan). The datapath's `requantization` and
+    `accumulator` stand in for the arguments (both given and different: a ValueError);
+    `rounding` (every mode but "stochastic") rounds the rule's value to the integer output
+    or to the float8 output, `nan_to_integer` is the code a NaN value gives, `nan` the
+    float8 output's NaN code. `scale`, `scale_precision` and `subnormals` describe steps
+    these ops have (forming the multiplier, subnormal scales and float8 results) that
+    qemu_q does not implement for them: a non-default value is a ValueError, but for
+    scale_precision="float32" with the "float32" rule, which forms its multiplier by
+    float32 division already."""
+    datapath = as_datapath(datapath)
+    accumulator = integer_op_accumulator(datapath, accumulator, where)
+    if datapath.requantization is not None:
+        if (requantization != QLINEAR_DEFAULT_RULE and requantization != datapath.requantization):
+            raise ValueError(f"{where}: requantization={requantization!r} and datapath requantization="
+                             f"{datapath.requantization!r} disagree; give one")
+        requantization = datapath.requantization
+    for name in ("scale", "scale_precision", "subnormals"):
+        value = getattr(datapath, name)
+        if name == "scale_precision" and value == "float32" and requantization == "float32":
+            continue  # the "float32" rule divides in float32: the same multiplier
+        if value != getattr(ONNX, name):
+            raise ValueError(
+                f"{where}: datapath {name}={value!r} is not implemented for the QLinear ops' "
+                f"requantization (allowed: {getattr(ONNX, name)!r}); they read the datapath's "
+                "accumulator, requantization, rounding, nan_to_integer and nan")
+    if datapath.rounding == "stochastic":
+        raise ValueError(
+            f"{where}: datapath rounding='stochastic' is not implemented for the QLinear ops' "
+            "requantization (they take no random_bits); allowed: "
+            + ", ".join(repr(r) for r in ROUNDINGS if r != "stochastic"))
+    return requantization, accumulator, datapath.rounding, datapath.nan_to_integer, datapath.nan

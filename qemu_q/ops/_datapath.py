@@ -206,11 +206,24 @@ def check_same_shape(where: str, scale_name: str, scale: np.ndarray, zp_name: st
 
 # --- requantization -----------------------------------------------------------------------
 
+# The datapath's output options of the QLinear ops (qemu_q.datapath.qlinear_options):
+# (rounding, nan_to_integer, nan); the ONNX ones change nothing.
+ONNX_OUTPUT = ("half_even", "min", "spec")
+
+
+def _output_codes(output) -> dict:
+    from ..datapath import NANS_TO_INTEGER, ROUND_CODES
+
+    rounding, nan_to_integer, _ = output
+    return dict(rounding=ROUND_CODES[rounding], nan_to_integer=NANS_TO_INTEGER.index(nan_to_integer))
+
+
 def requantize(acc: np.ndarray, row_scale: np.ndarray, col_scale: np.ndarray, y_scale: float,
                y_zero_point: np.ndarray, y_type: ElementType, scale_type: ElementType,
-               rule: str, opset, n_threads) -> np.ndarray:
+               rule: str, opset, n_threads, output=ONNX_OUTPUT) -> np.ndarray:
     """acc int32 [rows, cols] -> codes of y_type [rows, cols] under `rule`; row_scale and
-    col_scale (float32, [rows] and [cols]) multiply, y_scale divides."""
+    col_scale (float32, [rows] and [cols]) multiply, y_scale divides; `output` the
+    datapath's (rounding, nan_to_integer, nan)."""
     acc = np.ascontiguousarray(acc, dtype=np.int32)
     threads = resolve_threads(n_threads, acc.size)
     row_scale = np.ascontiguousarray(row_scale, dtype=np.float32)
@@ -220,23 +233,29 @@ def requantize(acc: np.ndarray, row_scale: np.ndarray, col_scale: np.ndarray, y_
         config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=True)
         values = np.empty(acc.shape, dtype=np.float32)
         _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), values, config, threads)
-        return encode_float8(values, y_zero_point, opset)
+        return encode_float8(values, y_zero_point, opset, output)
     zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
     config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=False,
-                                     zero_point=zero_point, lo=y_type.lo, hi=y_type.hi)
+                                     zero_point=zero_point, lo=y_type.lo, hi=y_type.hi,
+                                     **_output_codes(output))
     codes = np.empty(acc.shape, dtype=np.uint8)
     _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), codes, config, threads)
     return codes.view(y_type.dtype)
 
 
-def encode_float8(values: np.ndarray, y_zero_point: np.ndarray, opset) -> np.ndarray:
+def encode_float8(values: np.ndarray, y_zero_point: np.ndarray, opset, output=ONNX_OUTPUT) -> np.ndarray:
     """float32 values (rounded to odd, or the rule's float32 result) into the float8 type of
     y_zero_point by QuantizeLinear's rules with saturate=1 and the Cast table of `opset`;
-    the division by a unit scale is exact."""
+    the division by a unit scale is exact. A datapath's rounding and nan (`output`) are
+    QuantizeLinear's: a value rounded to odd at 24 bits rounds by any mode to float8's 3 or
+    2 mantissa bits as the exact value would."""
+    from ..datapath import Datapath
     from .quantize_linear import quantize_linear
 
     zero_point = np.asarray(y_zero_point).reshape(())
-    return quantize_linear(values, np.float32(1.0), zero_point, saturate=1, opset=opset)
+    rounding, _, nan = output
+    datapath = None if (rounding, nan) == (ONNX_OUTPUT[0], ONNX_OUTPUT[2]) else Datapath(rounding=rounding, nan=nan)
+    return quantize_linear(values, np.float32(1.0), zero_point, saturate=1, opset=opset, datapath=datapath)
 
 
 # --- QLinearMatMul-21 with a float8 operand ------------------------------------------------
@@ -255,7 +274,7 @@ def float_matmul_requantize(a_values: np.ndarray, a_bits: int, bt_values: np.nda
                             a_index: np.ndarray, b_index: np.ndarray, row_scale: np.ndarray,
                             col_scale: np.ndarray, y_scale, y_zero_point: np.ndarray,
                             y_type: ElementType, scale_type: ElementType, rule: str, opset,
-                            n_threads) -> np.ndarray:
+                            n_threads, output=ONNX_OUTPUT) -> np.ndarray:
     """QLinearMatMul-21 with a float8 operand (docs/semantics.md): a_values float64
     [A, M, K] and bt_values float64 [B, N, K] (b transposed), the operands' exact values,
     multiples of 2**-a_bits and 2**-b_bits (fraction_bits); each output's exact sum S (or
@@ -283,13 +302,13 @@ def float_matmul_requantize(a_values: np.ndarray, a_bits: int, bt_values: np.nda
         zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
         config = module.FloatMatmulConfig(rule=rule, scale_format=scale_type.name, float_output=False,
                                           shift=a_bits + b_bits, zero_point=zero_point,
-                                          lo=y_type.lo, hi=y_type.hi)
+                                          lo=y_type.lo, hi=y_type.hi, **_output_codes(output))
         out = np.empty((items * rows, cols), dtype=np.uint8)
     _dispatch.run(Path.FLOAT_MATMUL, a_fixed, bt_fixed, a_values, bt_values, row_special, col_special,
                   np.ascontiguousarray(a_index, dtype=np.intp), np.ascontiguousarray(b_index, dtype=np.intp),
                   row_scale, col_scale, np.float32(y_scale), out, config, threads)
     if float_out:
-        return encode_float8(out, y_zero_point, opset)
+        return encode_float8(out, y_zero_point, opset, output)
     return out.view(y_type.dtype)
 
 

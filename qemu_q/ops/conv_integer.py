@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..datapath import Datapath, integer_op_accumulator
+from ..datapath import Datapath, integer_op_accumulator, qlinear_options
 from .. import _coerce
 from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
@@ -291,7 +291,9 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     """ONNX QLinearConv-10: the ConvInteger accumulator plus the int32 bias B, requantized by
     `requantization` ("exact", the default; "float32": onnxruntime; "float64":
     onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md)."""
-    accumulator = integer_op_accumulator(datapath, accumulator, "QLinearConv")
+    requantization, accumulator, *output = qlinear_options(datapath, requantization, accumulator,
+                                                           "QLinearConv")
+    output = tuple(output)
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(
@@ -323,7 +325,7 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     col_scale = np.full(positions, np.float32(dp.scale_values(x_scale, where, "x_scale").reshape(-1)[0]), np.float32)
     y = dp.requantize(dp.flatten_leading(acc, positions), row_scale, col_scale,
                       np.float32(y_scale.reshape(-1)[0]), y_zero_point, y_type, dp.ELEMENT_TYPES["float"],
-                      rule, opset, n_threads)
+                      rule, opset, n_threads, output)
     return _finish(plan, y, y_type, out, named + [("B", B)])
 
 

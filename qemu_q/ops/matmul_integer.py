@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..datapath import Datapath, integer_op_accumulator
+from ..datapath import Datapath, integer_op_accumulator, qlinear_options
 from .. import _coerce
 from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
@@ -206,7 +206,9 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     "exact" (the real value rounded once, ties to even; the default), "float32"
     (onnxruntime's float32 multiplier and product), "float64" (onnx.reference's order).
     float8 operands (opset >= 21) are summed exactly (docs/semantics.md)."""
-    accumulator = integer_op_accumulator(datapath, accumulator, "QLinearMatMul")
+    requantization, accumulator, *output = qlinear_options(datapath, requantization, accumulator,
+                                                           "QLinearMatMul")
+    output = tuple(output)
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     rule, accumulator, named = dp.coerce_qlinear(requantization, accumulator, dict(
@@ -252,17 +254,19 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
             np.swapaxes(dp.flatten_leading(b_vals, plan.depth, n), 1, 2), dp.fraction_bits(plan.b_type),
             dp.item_index(a_vals.shape[:-2], plan.batch), dp.item_index(b_vals.shape[:-2], plan.batch),
             row_scale, col_scale_full, y_scale_value, y_zero_point, y_type, scale_type, rule, opset,
-            n_threads).reshape(plan.batch + (m, n))
+            n_threads, output).reshape(plan.batch + (m, n))
     else:
         acc = dp.flatten_leading(_accumulate(plan, a3, b3, a_zero_point, b_zero_point, n_threads), n)
         if np.all(col_scale_full == col_scale_full[:1]) or items == 1:
             y = dp.requantize(acc, row_scale, col_scale_full[0],
-                              y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads)
+                              y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads,
+                              output)
         else:
             # a batched per-column b_scale: one call per batch item
             y = np.concatenate([
                 dp.requantize(acc[i * m:(i + 1) * m], row_scale[i * m:(i + 1) * m], col_scale_full[i],
-                              y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads)
+                              y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads,
+                              output)
                 for i in range(items)])
     return _finish(plan, y, out, named)
 

@@ -23,6 +23,7 @@ from .._pack import normalize_shape, packed_size
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, Shape, TypeSpec
 from .._validate import cached_plan, signature as _signature
+from ..datapath import Datapath, ROUND_CODES, as_datapath
 from .cast import cast
 from .dequantize_linear import dequantize_linear
 
@@ -141,8 +142,23 @@ class MXQuantizePlan(_dispatch.KernelPlan):
     fused_pack: bool = False
 
 
+def _datapath_fields(datapath: Datapath, x_type: ElementType) -> dict:
+    """The kernel fields of the Datapath options mx_quantize reads (docs/semantics.md,
+    "Datapath options", MX): rounding, subnormals, scale_precision, nan. `scale` is read
+    and changes nothing (X is a power of two: x / X and x * (1 / X) are the same exact
+    value); nan_to_integer, accumulator and requantization describe steps MX lacks."""
+    if datapath.is_onnx:
+        return {}
+    return dict(rounding=ROUND_CODES[datapath.rounding], flush_inputs=datapath.flush_inputs,
+                flush_below=0x38800000 if x_type.name == "float16" else 0x00800000,
+                flush_outputs=datapath.flush_outputs,
+                quotient_f32=datapath.scale_precision == "float32",
+                canonical_nan=datapath.nan == "canonical")
+
+
 @lru_cache(maxsize=256)
-def mx_quantize_plan(x_signature, element_name, axis, block_size, scale_rule, packed) -> MXQuantizePlan:
+def mx_quantize_plan(x_signature, element_name, axis, block_size, scale_rule, packed,
+                     datapath: Datapath = Datapath()) -> MXQuantizePlan:
     dtype, shape = x_signature
     x_type = _X_TYPES.get(np.dtype(dtype))
     if x_type is None:
@@ -162,7 +178,8 @@ def mx_quantize_plan(x_signature, element_name, axis, block_size, scale_rule, pa
     fused = bool(code_bits) and (kernel_block * inner) % 4 == 0 and (axis_len * inner) % 4 == 0
     fields = dict(outer=outer, axis_len=max(axis_len, 1), inner=max(inner, 1), block_size=kernel_block,
                   element=-1 if e.name == "int8" else e.etype.small_float_id,
-                  rule=SCALE_RULE_IDS[scale_rule], code_bits=code_bits if fused else 0)
+                  rule=SCALE_RULE_IDS[scale_rule], code_bits=code_bits if fused else 0,
+                  **_datapath_fields(datapath, x_type))
     return MXQuantizePlan(f"mx_quantize({e.name})", x_type, e.etype, tuple(fields.items()),
                           scale_shape=scale_shape, fused_pack=fused)
 
@@ -195,7 +212,8 @@ def _prepare(out_array, shape, dtype, what: str, inputs) -> np.ndarray:
 def mx_quantize(x: Array, element: TypeSpec, *, axis: int = -1, block_size: int = 32,
                 scale_rule: str = "floor", packed: bool = False,
                 out: tuple[np.ndarray, np.ndarray] | None = None,
-                n_threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                n_threads: int | None = None, datapath: Datapath | None = None,
+                random_bits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """OCP MX quantization: (codes, scales) with x ~ codes * scales per block.
 
     Blocks are `block_size` consecutive elements along `axis` (the last may be partial).
@@ -203,16 +221,24 @@ def mx_quantize(x: Array, element: TypeSpec, *, axis: int = -1, block_size: int 
     ("floor": OCP v1.0 section 6.3, default; "ceil", "even", "rceil", "rceil_f32"); each
     element is x / X rounded to nearest even into `element` and clamped to its +-max.
     `element`: float8e4m3fn, float8e5m2, float6e2m3, float6e3m2, float4e2m1, or int8
-    (MXINT8: the code is x / X in units of 2**-6, in [-127, 127]). The scales have x's
+    (MXINT8: the code is x / X in units of 2**-6, in [-127, 127]). `datapath` (a
+    qemu_q.Datapath) changes the elements' rounding (with "stochastic", `random_bits`: a
+    uint32 array of x's shape), the subnormal policy, the quotient's precision and the NaN
+    code (docs/semantics.md, "Datapath options"). The scales have x's
     shape with the axis dimension ceil(D / block_size), as DequantizeLinear-24 expects.
     With packed=True the codes are their ONNX raw_data (1-D uint8). `out` = (codes,
     scales) receives the result. The rules are in docs/semantics.md ("MX").
     """
+    from .quantize_linear import _random_bits
+
     x = _coerce.as_array(x, "x")
     e = mx_element(element)
     packed = _coerce.flag(packed, "packed")
+    datapath = as_datapath(datapath)
     plan = cached_plan(mx_quantize_plan, (_signature(x), e.name, _coerce.int_attribute(axis, "axis"),
-                           _coerce.int_attribute(block_size, "block_size"), scale_rule, packed))
+                           _coerce.int_attribute(block_size, "block_size"), scale_rule, packed, datapath))
+    words = _random_bits(random_bits, datapath, x)
+    extra = () if words is None else (words,)
     if out is not None and (not isinstance(out, tuple) or len(out) != 2):
         raise TypeError(f"out must be a tuple (codes, scales) of numpy arrays, got {type(out).__name__}")
     codes_out, scales_out = out if out is not None else (None, None)
@@ -233,13 +259,14 @@ def mx_quantize(x: Array, element: TypeSpec, *, axis: int = -1, block_size: int 
     config = plan.kernel_config()
     scale_bytes = scales.reshape(-1).view(np.uint8)
     if packed and plan.fused_pack:
-        _dispatch.run(Path.MX_QUANTIZE, flat, codes, scale_bytes, config, n_threads)
+        _dispatch.run(Path.MX_QUANTIZE, flat, codes, scale_bytes, config, n_threads, *extra)
     elif packed and e.bits < 8:
         one_per_byte = np.empty(x.size, dtype=np.uint8)
-        _dispatch.run(Path.MX_QUANTIZE, flat, one_per_byte, scale_bytes, config, n_threads)
+        _dispatch.run(Path.MX_QUANTIZE, flat, one_per_byte, scale_bytes, config, n_threads, *extra)
         _dispatch.run(Path.PACK, one_per_byte, codes, e.bits, n_threads)
     else:
-        _dispatch.run(Path.MX_QUANTIZE, flat, codes.reshape(-1).view(np.uint8), scale_bytes, config, n_threads)
+        _dispatch.run(Path.MX_QUANTIZE, flat, codes.reshape(-1).view(np.uint8), scale_bytes, config,
+                      n_threads, *extra)
     return codes, scales
 
 

@@ -21,6 +21,7 @@ from .._dtypes import ELEMENT_TYPES, element_type
 from .._pack import pack
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
+from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath
 from .dequantize_linear import dequantize_linear
 
 RECIPES = ("transformer_engine", "torchao", "modelopt")
@@ -72,6 +73,34 @@ def scales_shape(shape, axis: int) -> tuple[int, ...]:
     """The shape of the block scales of a tensor of `shape` blocked along `axis`: the shape
     DequantizeLinear-24 expects with block_size=16 (a last partial block included)."""
     return tuple(-(-n // BLOCK) if d == axis else n for d, n in enumerate(shape))
+
+
+# How each recipe forms its element: x times a float32 reciprocal factor, or x divided
+# by the float32 scale product (docs/semantics.md, "NVFP4").
+RECIPE_SCALE = {"transformer_engine": "reciprocal", "torchao": "reciprocal", "modelopt": "divide"}
+
+
+def datapath_rounding(datapath, recipe: str) -> int:
+    """The kernel's rounding code of the element under `datapath`, after checking the
+    options a recipe fixes (docs/semantics.md, "Datapath options", NVFP4): `scale` other
+    than the default must be the recipe's own (TE and torchao multiply by a reciprocal,
+    ModelOpt divides), `scale_precision` None or "float32" (every recipe computes in
+    float32), `subnormals` "keep" (the recipes' float32 steps keep them); a conflict is a
+    ValueError naming both. `nan` changes nothing (e2m1 has no NaN; the e4m3 NaN scale
+    every recipe writes is 0x7F, the canonical code); nan_to_integer, accumulator and
+    requantization describe steps NVFP4 lacks."""
+    datapath = as_datapath(datapath)
+    if datapath.scale != ONNX.scale and datapath.scale != RECIPE_SCALE[recipe]:
+        raise ValueError(f"nvfp4_quantize: datapath scale={datapath.scale!r} conflicts with recipe="
+                         f"{recipe!r}, which forms its element by {RECIPE_SCALE[recipe]!r}")
+    if datapath.scale_precision not in (None, "float32"):
+        raise ValueError(f"nvfp4_quantize: datapath scale_precision={datapath.scale_precision!r} "
+                         f"conflicts with recipe={recipe!r}, which computes in float32 "
+                         "(allowed: None or 'float32')")
+    if datapath.subnormals != ONNX.subnormals:
+        raise ValueError(f"nvfp4_quantize: datapath subnormals={datapath.subnormals!r} conflicts "
+                         f"with recipe={recipe!r}, whose float32 steps keep subnormals (allowed: 'keep')")
+    return ROUND_CODES[datapath.rounding]
 
 
 @lru_cache(maxsize=256)
@@ -160,7 +189,8 @@ def _outputs(out, shape, s_shape, packed: bool, x: np.ndarray):
 def nvfp4_quantize(x: Array, *, recipe: str = "transformer_engine", axis: int = -1,
                    block_shape: tuple[int, int] = (1, 16), global_amax=None,
                    out: tuple[np.ndarray, np.ndarray] | None = None, packed: bool = False,
-                   n_threads: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   n_threads: int | None = None, datapath: Datapath | None = None,
+                   random_bits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """NVFP4 quantization of x by `recipe` ("transformer_engine", "torchao", "modelopt").
 
     Returns (codes, block_scales, global_scale): codes float4_e2m1fn of x's shape (or, with
@@ -175,10 +205,18 @@ def nvfp4_quantize(x: Array, *, recipe: str = "transformer_engine", axis: int = 
     16x16 tile, repeated over the tile's 16 rows of block_scales. global_amax=None reduces
     the tensor amax by the recipe's rule; a given value must be a float32 value >= 0 (or NaN
     or inf). x may be float32, float16 or bfloat16 (exactly float32 values). Every step is
-    in docs/semantics.md ("NVFP4").
+    in docs/semantics.md ("NVFP4"). `datapath` (a qemu_q.Datapath) changes the rounding of
+    the element into e2m1 (with "stochastic", `random_bits`: a uint32 array of x's shape);
+    options the recipe fixes must agree with it (docs/semantics.md, "Datapath options").
     """
+    from .quantize_linear import _random_bits
+
     x = _input(x)
     recipe = _recipe(recipe)
+    datapath = as_datapath(datapath)
+    rounding = datapath_rounding(datapath, recipe)
+    words = _random_bits(random_bits, datapath, x)
+    extra = () if words is None else (words,)
     axis_ = _axis(axis, x.ndim)
     shape_ = _block_shape(block_shape, x.ndim)
     packed = _coerce.flag(packed, "packed")
@@ -189,14 +227,14 @@ def nvfp4_quantize(x: Array, *, recipe: str = "transformer_engine", axis: int = 
     plan = nvfp4_plan(recipe, x.shape, axis_, shape_)
     n_threads = resolve_threads(n_threads, x.size)
     module = _dispatch.entry_module(Path.NVFP4_QUANTIZE)
-    config = module.NVFP4Config(global_amax=float(amax), **dict(plan.kernel_fields))
+    config = module.NVFP4Config(global_amax=float(amax), rounding=rounding, **dict(plan.kernel_fields))
     codes = np.empty(x.shape, dtype=_FLOAT4.dtype) if (codes_out is None or packed) else codes_out
     scales = np.empty(s_shape, dtype=_E4M3.dtype) if scales_out is None else scales_out
     if x.size:
         code_storage = codes.reshape(-1).view(np.uint8)
         scale_storage = scales.reshape(-1).view(np.uint8)
         _dispatch.run(Path.NVFP4_QUANTIZE, flat_storage(x32, ELEMENT_TYPES["float"]),
-                      code_storage, scale_storage, config, n_threads)
+                      code_storage, scale_storage, config, n_threads, *extra)
     global_scale = np.array(config.global_scale, dtype=np.float32)
     if packed:
         codes = pack(codes, out=codes_out)

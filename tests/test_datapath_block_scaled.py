@@ -1,0 +1,344 @@
+"""qemu_q.Datapath in mx_quantize and nvfp4_quantize (docs/semantics.md, "Datapath options",
+"Block-scaled quantization"): the element rounding (every mode, stochastic with random_bits),
+MX's subnormal flushes, quotient precision and canonical NaN, NVFP4's recipe conflicts.
+
+Oracles: the shared scale from tests/mx_oracle.py (the OCP text) and NVFP4's recipe steps
+from tests/nvfp4_oracle.py (the sources); the element's rounding by mode from
+tests/datapath_oracle.py (the rounding table of docs/semantics.md, Fraction arithmetic);
+none calls the code under test."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import datapath_oracle as do
+import float_oracle as fo
+import mx_oracle as mo
+import nvfp4_oracle as no
+import qemu_q
+
+MODES = ("half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd",
+         "stochastic")
+MX_ELEMENTS = tuple(mo.ELEMENTS)
+# A finite float16 sample: every 7th code (all binades, subnormals, both signs) and the
+# largest values, in blocks of 32 (each block its own scale).
+_F16 = np.arange(0, 65536, 7, dtype=np.uint32).astype(np.uint16).view(np.float16)
+F16_SAMPLE = _F16[np.isfinite(_F16)][:4608]
+
+
+def words_for(shape, seed=15) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2**32, size=shape, dtype=np.uint32)
+
+
+def flush_input(v: float, x_dtype) -> float:
+    smallest_normal = 2.0 ** -14 if np.dtype(x_dtype) == np.float16 else 2.0 ** -126
+    if v != 0 and abs(v) < smallest_normal:
+        return math.copysign(0.0, v)
+    return v
+
+
+def mx_element_oracle(v: float, scale_code: int, element: str, dp: dict, word: int) -> int:
+    """One element of a finite MX block: q = v / 2**E exactly (or rounded to float32 for
+    scale_precision="float32"), rounded by the mode, clamped to +-max (OCP)."""
+    fmt, _, largest, _ = mo.ELEMENTS[element]
+    q = Fraction(v) / Fraction(2) ** (scale_code - 127)
+    if dp.get("scale_precision") == "float32":
+        q = do.round_nearest_even_to(q, "float32")
+    negative = math.copysign(1.0, v) < 0
+    mode = dp.get("rounding", "half_even")
+    if fmt is None:  # MXINT8: units of 2**-6, [-127, 127]
+        n = min(do.round_magnitude(*do.split(abs(q) * 64, 0), negative, mode, word), 127)
+        return (-n if negative else n) & 0xFF
+    # saturate=1: a rounded value beyond max encodes as +-max, OCP's clamp
+    return do.to_small_float(q, negative, fmt, dp, word, 1, 28)
+
+
+def mx_oracle(x: np.ndarray, element: str, block_size: int, rule: str, dp: dict, words=None):
+    """(codes, scales) as uint8 for x blocked along the last axis."""
+    rows = x.reshape(-1, x.shape[-1])
+    words = np.zeros(rows.shape, np.uint64) if words is None else words.reshape(rows.shape)
+    flush = dp.get("subnormals", "keep") in ("flush_inputs", "flush_both")
+    codes, scales = [], []
+    for r, row in enumerate(rows):
+        values = [float(v) for v in row]
+        if flush:
+            values = [flush_input(v, x.dtype) for v in values]
+        for b in range(0, len(values), block_size):
+            block = values[b:b + block_size]
+            code = mo.scale_code(block, element, rule)
+            scales.append(code)
+            if code == mo.SCALE_NAN:
+                nan = mo.NAN_BLOCK_CODE[element]
+                if dp.get("nan") == "canonical" and nan:
+                    nan = 0x7F
+                codes += [nan] * len(block)
+                continue
+            codes += [mx_element_oracle(v, code, element, dp, int(words[r, b + i]))
+                      for i, v in enumerate(block)]
+    return np.array(codes, np.uint8).reshape(x.shape), np.array(scales, np.uint8)
+
+
+def run_mx(x, element, dp: dict, words=None, block_size=32, rule="floor", n_threads=1, **kw):
+    codes, scales = qemu_q.mx_quantize(x, element, block_size=block_size, scale_rule=rule,
+                                       datapath=qemu_q.Datapath(**dp), random_bits=words,
+                                       n_threads=n_threads, **kw)
+    return codes.view(np.uint8), scales.view(np.uint8).reshape(-1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mx_element_rounding_every_mode(mode):
+    x = F16_SAMPLE.reshape(-1, 32)
+    words = words_for(x.shape) if mode == "stochastic" else None
+    for element in MX_ELEMENTS:
+        dp = {"rounding": mode}
+        want_codes, want_scales = mx_oracle(x, element, 32, "floor", dp, words)
+        codes, scales = run_mx(x, element, dp, words)
+        assert np.array_equal(scales, want_scales.reshape(-1)), element
+        assert codes.tolist() == want_codes.tolist(), element
+
+
+def test_mx_half_even_datapath_is_the_default_path():
+    # rounding="half_even" with other options at their defaults changes no bit and scale
+    # "reciprocal" is the same exact quotient (X is a power of two).
+    x = F16_SAMPLE.astype(np.float32).reshape(-1, 32)
+    for element in MX_ELEMENTS:
+        plain = qemu_q.mx_quantize(x, element)
+        for dp in ({}, {"scale": "reciprocal", "scale_precision": "float64"},
+                   {"scale_precision": "float32"}, {"nan_to_integer": "max", "accumulator": "int16",
+                                                    "requantization": "float32"}):
+            got = qemu_q.mx_quantize(x, element, datapath=qemu_q.Datapath(**dp))
+            assert got[0].tobytes() == plain[0].tobytes() and got[1].tobytes() == plain[1].tobytes()
+
+
+def test_mx_quotient_precision_float32_with_a_directed_mode():
+    # A block whose amax sets E = 120 (e4m3fn: 2**128 / 2**8 ... here 2**127 -> E = 119) and
+    # a tiny element: the exact quotient 2**-149 / 2**119 = 2**-268 is positive, so "up"
+    # gives the smallest subnormal; rounded to float32 first it is 0, which stays 0.
+    x = np.zeros(32, np.float32)
+    x[0] = np.float32(2.0 ** 127)
+    x[1] = np.float32(2.0 ** -149)
+    x[2] = np.float32(-(2.0 ** -149))
+    for element in MX_ELEMENTS:
+        for precision in (None, "float32", "float64"):
+            dp = {"rounding": "up", "scale_precision": precision}
+            want_codes, want_scales = mx_oracle(x.reshape(1, 32), element, 32, "floor", dp)
+            codes, scales = run_mx(x, element, dp)
+            assert codes.tolist() == want_codes.reshape(-1).tolist(), (element, precision)
+        exact, rounded = run_mx(x, element, {"rounding": "up"})[0], run_mx(
+            x, element, {"rounding": "up", "scale_precision": "float32"})[0]
+        assert exact[1] != rounded[1]  # the smallest subnormal (MXINT8: code 1) versus 0
+        assert rounded[1] == 0 and rounded[2] in (0, 0x80, 0x20, 0x8)  # signed zeros
+
+
+@pytest.mark.parametrize("subnormals", ["flush_inputs", "flush_outputs", "flush_both"])
+def test_mx_subnormals(subnormals):
+    # float16 subnormals (flush_inputs: below 2**-14) in blocks of their own and beside
+    # normals; the element results that are subnormal (flush_outputs).
+    sub = np.arange(1, 1024, 3, dtype=np.uint16).view(np.float16)
+    x16 = np.concatenate([sub[:320], -sub[:64] * np.float16(1), F16_SAMPLE[:1024]]).astype(np.float16)
+    x16 = x16[:len(x16) // 32 * 32].reshape(-1, 32)
+    for x in (x16, x16.astype(np.float32) * np.float32(2.0 ** -112)):  # float32 subnormals too
+        for element in MX_ELEMENTS:
+            for mode in ("half_even", "up"):
+                dp = {"subnormals": subnormals, "rounding": mode}
+                want_codes, want_scales = mx_oracle(x, element, 32, "floor", dp)
+                codes, scales = run_mx(x, element, dp)
+                assert np.array_equal(scales, want_scales.reshape(-1)), (element, x.dtype)
+                assert codes.tolist() == want_codes.tolist(), (element, x.dtype, mode)
+
+
+def test_mx_canonical_nan_and_other_axes_and_packing():
+    x = F16_SAMPLE[:32 * 24].astype(np.float32).reshape(24, 32).copy()
+    x[3, 5] = np.nan
+    x[7, 1] = -np.inf
+    xt = np.ascontiguousarray(x.T)  # blocks along axis 0
+    for element in MX_ELEMENTS:
+        for dp in ({"nan": "canonical"}, {"nan": "canonical", "rounding": "toward_zero"}):
+            want_codes, want_scales = mx_oracle(x, element, 8, "even", dp)
+            codes, scales = run_mx(x, element, dp, block_size=8, rule="even")
+            assert codes.tolist() == want_codes.tolist() and scales.tolist() == want_scales.tolist()
+            for threads in (1, 2):
+                codes_t, scales_t = run_mx(xt, element, dp, block_size=8, rule="even", axis=0,
+                                           n_threads=threads)
+                assert codes_t.T.tolist() == want_codes.tolist()
+                assert scales_t.reshape(4, 24).T.reshape(-1).tolist() == want_scales.tolist()
+        if element == "float8e5m2":
+            assert want_codes[3, 0] == 0x7F  # the spec's quiet NaN 0x7E becomes 0x7F
+        if element in ("float4e2m1", "float6e2m3"):
+            packed, _ = qemu_q.mx_quantize(x, element, block_size=8, packed=True,
+                                           datapath=qemu_q.Datapath(rounding="toward_zero"))
+            one_per_byte = run_mx(x, element, {"rounding": "toward_zero"}, block_size=8)[0]
+            assert packed.tobytes() == qemu_q.pack(one_per_byte.view(mo_dtype(element))).tobytes()
+
+
+def mo_dtype(element):
+    return {"float4e2m1": ml_dtypes.float4_e2m1fn, "float6e2m3": ml_dtypes.float6_e2m3fn}[element]
+
+
+def test_mx_stochastic_threads_and_word_alignment():
+    # e4m3fn, a block of amax 448 (X = 1): q = 1.0625 keeps 3 mantissa bits and drops
+    # 0.5 of an ulp: the word rounds up exactly when word >= 2**31.
+    x = np.full(64, 448.0, np.float32)
+    x[1::2] = np.float32(1.0625)
+    words = np.zeros(64, np.uint32)
+    words[1::2] = np.array([0x7FFFFFFF, 0x80000000] * 16, np.uint32)
+    codes, _ = run_mx(x, "float8e4m3fn", {"rounding": "stochastic"}, words)
+    assert codes[1::2].tolist() == [0x38, 0x39] * 16  # 1.0 and 1.125
+    big = F16_SAMPLE.astype(np.float32).reshape(-1, 32)
+    words = words_for(big.shape, 7)
+    one = run_mx(big, "float4e2m1", {"rounding": "stochastic"}, words, n_threads=1)
+    two = run_mx(big, "float4e2m1", {"rounding": "stochastic"}, words, n_threads=2)
+    assert one[0].tobytes() == two[0].tobytes() and one[1].tobytes() == two[1].tobytes()
+
+
+def test_mx_random_bits_checks():
+    x = np.ones((2, 32), np.float32)
+    stochastic = qemu_q.Datapath(rounding="stochastic")
+    with pytest.raises(ValueError, match="needs random_bits="):
+        qemu_q.mx_quantize(x, "float8e4m3fn", datapath=stochastic)
+    with pytest.raises(ValueError, match="random_bits is given but datapath.rounding='half_even'"):
+        qemu_q.mx_quantize(x, "float8e4m3fn", random_bits=np.zeros(x.shape, np.uint32))
+    with pytest.raises(ValueError, match=r"random_bits has shape \(64,\)"):
+        qemu_q.mx_quantize(x, "float8e4m3fn", datapath=stochastic, random_bits=np.zeros(64, np.uint32))
+    with pytest.raises(TypeError, match="random_bits must be a numpy uint32 array"):
+        qemu_q.mx_quantize(x, "float8e4m3fn", datapath=stochastic, random_bits=np.zeros(x.shape, np.int64))
+    with pytest.raises(TypeError, match="expected a qemu_q.Datapath"):
+        qemu_q.mx_quantize(x, "float8e4m3fn", datapath={"rounding": "up"})
+
+
+# --- NVFP4 -----------------------------------------------------------------------------------
+
+NV_RECIPES = ("transformer_engine", "torchao", "modelopt")
+
+
+def nvfp4_oracle(x: np.ndarray, recipe: str, mode: str, words=None):
+    """codes (uint8) of x [rows, 16k] blocked along the last axis: the recipe's float32 element
+    (tests/nvfp4_oracle.py's steps) rounded by the mode into e2m1, +-6 beyond."""
+    _, scales, _ = no.quantize(x, recipe)
+    g = no.global_parameters(recipe, no.tensor_amax(x, recipe))
+    words = np.zeros(x.shape, np.uint64) if words is None else words
+    out = np.zeros(x.shape, np.uint8)
+    with np.errstate(all="ignore"):
+        for r in range(x.shape[0]):
+            for b in range(x.shape[1] // 16):
+                s = no.e4m3_value(int(scales[r, b]))
+                values = x[r, 16 * b:16 * b + 16].astype(np.float32)
+                if recipe == "transformer_engine":
+                    q = values * no.fminf(np.float32(1.0) / (s * g["decode"]), no.FLT_MAX)
+                elif recipe == "torchao":
+                    q = values * ((np.float32(1.0) / g["decode"]) / s)
+                else:
+                    q = values / (s * g["decode"])
+                for i, v in enumerate(q):
+                    v = float(v)
+                    if math.isnan(v):
+                        code = 0x4 if recipe == "torchao" else 0x7
+                    elif recipe == "modelopt" and v == 0 and math.copysign(1.0, v) < 0:
+                        code = 0
+                    elif math.isinf(v):
+                        code = 0x7 if v > 0 else 0xF
+                    else:
+                        code = do.to_small_float(Fraction(v), math.copysign(1.0, v) < 0, "float4_e2m1fn",
+                                                 {"rounding": mode}, int(words[r, 16 * b + i]), 1, 28)
+                    out[r, 16 * b + i] = code
+    return out
+
+
+@pytest.mark.parametrize("recipe", NV_RECIPES)
+def test_nvfp4_element_rounding_every_mode(recipe):
+    x = F16_SAMPLE[:16 * 64].astype(np.float32).reshape(64, 16) * np.float32(3.0)
+    for mode in MODES:
+        words = words_for(x.shape, 3) if mode == "stochastic" else None
+        want = nvfp4_oracle(x, recipe, mode, words)
+        plain_scales = qemu_q.nvfp4_quantize(x, recipe=recipe)[1]
+        for threads in (1, 2):
+            codes, scales, _ = qemu_q.nvfp4_quantize(x, recipe=recipe, datapath=qemu_q.Datapath(rounding=mode),
+                                                     random_bits=words, n_threads=threads)
+            assert codes.view(np.uint8).tolist() == want.tolist(), (mode, threads)
+            assert scales.tobytes() == plain_scales.tobytes()  # the block scales are the recipe's
+
+
+def test_nvfp4_datapath_options_the_recipe_fixes():
+    x = np.linspace(-5, 5, 64, dtype=np.float32).reshape(4, 16)
+    # agreeing options (and those NVFP4 has no step for) change no bit
+    for recipe, dp in (("transformer_engine", {"scale": "reciprocal", "scale_precision": "float32"}),
+                       ("torchao", {"scale": "reciprocal", "scale_precision": "float32"}), ("modelopt", {"scale_precision": "float32"}),
+                       ("modelopt", {"nan": "canonical", "nan_to_integer": "zero", "accumulator": "int16",
+                                     "requantization": "float64"})):
+        got = qemu_q.nvfp4_quantize(x, recipe=recipe, datapath=qemu_q.Datapath(**dp))[0].tobytes()
+        assert got == qemu_q.nvfp4_quantize(x, recipe=recipe)[0].tobytes()
+    with pytest.raises(ValueError, match="datapath scale='reciprocal' conflicts with recipe='modelopt'"):
+        qemu_q.nvfp4_quantize(x, recipe="modelopt", datapath=qemu_q.Datapath(scale="reciprocal",
+                                                                             scale_precision="float32"))
+    with pytest.raises(ValueError, match="scale_precision='float64' conflicts with recipe='torchao'"):
+        qemu_q.nvfp4_quantize(x, recipe="torchao", datapath=qemu_q.Datapath(scale_precision="float64"))
+    with pytest.raises(ValueError, match="subnormals='flush_both' conflicts with recipe='transformer_engine'"):
+        qemu_q.nvfp4_quantize(x, datapath=qemu_q.Datapath(subnormals="flush_both"))
+    with pytest.raises(ValueError, match="needs random_bits="):
+        qemu_q.nvfp4_quantize(x, datapath=qemu_q.Datapath(rounding="stochastic"))
+    with pytest.raises(ValueError, match=r"random_bits has shape \(64,\)"):
+        qemu_q.nvfp4_quantize(x, datapath=qemu_q.Datapath(rounding="stochastic"),
+                              random_bits=np.zeros(64, np.uint32))
+
+
+def test_nvfp4_stochastic_word_alignment_and_2d_tiles():
+    # transformer_engine, tensor amax 6 * 448: S_enc = 1, block amax 6 -> scale 1.0, the
+    # element q = x. q = 1.25 keeps 1 mantissa bit (ulp 0.5) and drops half an ulp.
+    x = np.full((1, 16), 6.0, np.float32)
+    x[0, 1:] = np.float32(1.25)
+    words = np.zeros(x.shape, np.uint32)
+    words[0, 1:] = [0x7FFFFFFF, 0x80000000] * 7 + [0xFFFFFFFF]
+    codes = qemu_q.nvfp4_quantize(x, global_amax=np.float32(2688.0), datapath=qemu_q.Datapath(
+        rounding="stochastic"), random_bits=words)[0].view(np.uint8)
+    assert codes[0, 1:].tolist() == [0x2, 0x3] * 7 + [0x3]  # 1.0 or 1.5
+    # 16x16 tiles and a blocked axis 0 take the words of their own elements
+    big = F16_SAMPLE[:32 * 32].astype(np.float32).reshape(32, 32)
+    words = words_for(big.shape, 11)
+    dp = qemu_q.Datapath(rounding="stochastic")
+    tiles = qemu_q.nvfp4_quantize(big, block_shape=(16, 16), datapath=dp, random_bits=words)[0]
+    plain_tiles = qemu_q.nvfp4_quantize(big, block_shape=(16, 16))[0]
+    assert tiles.shape == plain_tiles.shape
+    axis0 = qemu_q.nvfp4_quantize(np.ascontiguousarray(big.T), axis=0, datapath=dp,
+                                  random_bits=np.ascontiguousarray(words.T))[0]
+    axis1 = qemu_q.nvfp4_quantize(big, datapath=dp, random_bits=words)[0]
+    assert axis0.T.view(np.uint8).tolist() == axis1.view(np.uint8).tolist()
+    assert axis1.view(np.uint8).tolist() == nvfp4_oracle(big, "transformer_engine", "stochastic",
+                                                         words).tolist()
+
+
+# --- instruction-set levels and threads ------------------------------------------------------
+
+def test_every_option_same_bits_on_every_level_and_thread_count():
+    from qemu_q import _kernels
+
+    x = F16_SAMPLE[:64 * 32].astype(np.float32).reshape(64, 32)
+    words = words_for(x.shape, 5)
+    a = np.arange(-128, 128, dtype=np.int8).reshape(16, 16)
+    calls = {
+        "mx": lambda n: qemu_q.mx_quantize(x, "float6e3m2", n_threads=n, random_bits=words, datapath=qemu_q.Datapath(
+            rounding="stochastic", subnormals="flush_both", scale_precision="float32")),
+        "mxint8": lambda n: qemu_q.mx_quantize(x, "int8", n_threads=n, datapath=qemu_q.Datapath(rounding="to_odd")),
+        "nvfp4": lambda n: qemu_q.nvfp4_quantize(x, recipe="torchao", n_threads=n, random_bits=words,
+                                                 datapath=qemu_q.Datapath(rounding="stochastic"))[:2],
+        "qlinear": lambda n: (qemu_q.qlinear_matmul(
+            a, np.float32(0.37), np.int8(1), a, np.float32(0.05), np.int8(-2), np.float32(0.5), np.int8(3),
+            n_threads=n, datapath=qemu_q.Datapath(rounding="half_away", requantization="float32",
+                                                  accumulator="int16-saturate")),),
+    }
+    level = _kernels.active.level
+    results = {}
+    try:
+        for lv in _kernels.available_levels():
+            _kernels.use(lv)
+            for n in (1, 2):
+                for name, call in calls.items():
+                    results.setdefault(name, []).append((lv, n, [r.tobytes() for r in call(n)]))
+    finally:
+        _kernels.use(level)
+    for name, runs in results.items():
+        assert all(bits == runs[0][2] for _, _, bits in runs), name
