@@ -16,6 +16,7 @@ every rounding mode; the subnormal and NaN options on the same domains.
 
 from __future__ import annotations
 
+import itertools
 import math
 from fractions import Fraction
 
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 
 import qemu_q
+from qemu_q import _kernels
 from support import bits
 
 import datapath_oracle
@@ -53,6 +55,7 @@ SMALL = {"float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
 INTEGER_CODES = {"int8": (8, True), "uint8": (8, False), "int4": (4, True), "uint4": (4, False),
                  "int2": (2, True), "uint2": (2, False)}
 
+LEVELS = _kernels.available_levels()
 ALL_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
 ALL_BF16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16)
 
@@ -571,25 +574,35 @@ def test_nan_to_integer_is_ignored_by_cast():
     {"rounding": "to_odd", "nan": "canonical"},
     {"rounding": "half_away", "scale_precision": "float32"},
 ])
-def test_thread_count_does_not_change_the_bits(datapath):
+def test_threads_and_levels_do_not_change_the_bits(datapath):
     rng = np.random.default_rng(1)
-    n = 300_000  # several Cast chunks and DequantizeLinear tasks
+    n = 99_999  # several Cast chunks and DequantizeLinear tasks
     x = (rng.standard_normal(n) * 10).astype(np.float32)
-    words = words_for(x.shape, 12)
-    words = words if datapath["rounding"] == "stochastic" else None
+    x[:3] = [np.nan, 1e-40, -np.inf]
+    stochastic = datapath["rounding"] == "stochastic"
+    words = words_for(x.shape, 12) if stochastic else None
     cast_dp = {k: v for k, v in datapath.items() if k != "scale_precision"}
-    for target in ("float16", "float8e4m3fn"):
-        one = qemu_q.cast(x, target, datapath=dp(**cast_dp), random_bits=words, n_threads=1)
-        two = qemu_q.cast(x, target, datapath=dp(**cast_dp), random_bits=words, n_threads=2)
-        check(two, bits(one), f"Cast threads {target}")
     codes = rng.integers(-128, 128, size=(3, n // 3)).astype(np.int8)
     scale = np.array([0.1, -0.37, 2.0 ** -131], np.float32)
-    w = words_for(codes.shape, 13) if words is not None else None
-    one = qemu_q.dequantize_linear(codes, scale, axis=0, output_dtype="bfloat16", datapath=dp(**datapath),
-                                   random_bits=w, n_threads=1)
-    two = qemu_q.dequantize_linear(codes, scale, axis=0, output_dtype="bfloat16", datapath=dp(**datapath),
-                                   random_bits=w, n_threads=2)
-    check(two, bits(one), "DQ threads")
+    w = words_for(codes.shape, 13) if stochastic else None
+    level = _kernels.active.level
+    results = []
+    try:
+        for lv, threads in itertools.product(LEVELS, (1, 2)):
+            _kernels.use(lv)
+            got = [qemu_q.cast(x, target, datapath=dp(**cast_dp), random_bits=words, n_threads=threads)
+                   for target in ("float16", "float8e4m3fn")]
+            got.append(qemu_q.dequantize_linear(codes, scale, axis=0, output_dtype="bfloat16",
+                                                datapath=dp(**datapath), random_bits=w, n_threads=threads))
+            got.append(qemu_q.dequantize_linear(qemu_q.pack(codes.astype(ml_dtypes.int4)), scale, axis=0,
+                                                packed=True, dtype="int4", shape=codes.shape,
+                                                datapath=dp(**datapath), random_bits=w, n_threads=threads))
+            results.append((lv, threads, got))
+    finally:
+        _kernels.use(level)
+    for lv, threads, got in results:
+        for g, f in zip(got, results[0][2]):
+            check(g, bits(f), f"{lv} n_threads={threads}")
 
 
 # ------------------------------------------------------------------------ validation
