@@ -250,6 +250,8 @@ cdef inline double datapath_value(double d, double s, uint32_t random_word,
                                   DP_HALF_EVEN, 0)
         if r > p.product_max:
             return -INFINITY if negative else INFINITY
+        if r == 0.0:  # below half the precision's smallest subnormal
+            return -0.0 if negative else 0.0
         exact_parts(r, &md, &kd)
     r = round_exact_to_format(md, kd, negative, p.out_mantissa_bits, p.out_min_exponent,
                               p.rounding, random_word)

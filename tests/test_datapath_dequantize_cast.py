@@ -258,7 +258,9 @@ def test_dequantize_scale_precision(precision, rounding):
     # float32 then the output: two roundings for float16 / bfloat16 outputs.
     for x_type in ("int8", "uint8", "float8e4m3fn", "float8e5m2"):
         for out in ("float32", "float16", "bfloat16"):
-            for scale in (0.1, 1.0 / 3.0, 65519.0 / 127.0):
+            # float32 subnormal scales; products below float32's subnormals round
+            # to zero in the float32 step
+            for scale in (0.1, 1.0 / 3.0, 65519.0 / 127.0, 1.9e-39, 3 * 2.0 ** -149):
                 n = 256
                 words = words_for((n,), 3) if rounding == "stochastic" else None
                 run_dq(x_type, scale, "float", out, {"rounding": rounding, "scale_precision": precision},
@@ -278,9 +280,14 @@ def test_dequantize_double_rounding_example():
     assert bits(twice).tolist() == [0x4200]
 
 
-def test_dequantize_int32_codes():
-    # int32 codes: x * s needs up to 57 bits; the oracle in Fractions.
-    x = np.array([2**31 - 1, -(2**31), 123456789, -987654321, 3, 0], np.int32)
+@pytest.mark.parametrize("codes", [
+    np.array([2**31 - 1, -(2**31), 123456789, -987654321, 3, 0], np.int32),
+    np.array([32767, -32768, -12345, 777, 1, 0], np.int16),
+    np.array([65535, 54321, 4097, 1, 0], np.uint16),
+], ids=["int32", "int16", "uint16"])
+def test_dequantize_wide_codes(codes):
+    # 16- and 32-bit codes: x * s needs up to 57 bits; the oracle in Fractions.
+    x = codes
     s = np.float32(0.1)
     for rounding in ROUNDINGS:
         words = words_for(x.shape, 9) if rounding == "stochastic" else None
@@ -301,7 +308,7 @@ def test_dequantize_int32_codes():
                 r = float(n * Fraction(2) ** e)
                 r = math.inf if r > largest else r
                 want.append(int(ieee_bits(np.array([-r if exact < 0 else r]), out)[0]))
-            check(got, want, f"int32 {rounding} {out}")
+            check(got, want, f"{x.dtype} {rounding} {out}")
 
 
 def test_dequantize_packed_and_blocked_follow_the_datapath():
