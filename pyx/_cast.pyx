@@ -8,7 +8,7 @@
 # a small float or float8e8m0, the hot cases, have their own loops over the same codecs.
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport trunc, isnan, isinf, fabs
+from libc.math cimport trunc, isnan, isinf, fabs, copysign, ldexp, INFINITY
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 from _tasks cimport run_tasks
@@ -22,7 +22,8 @@ from _codecs cimport (
     encode_e8m0, decode_e8m0, double_to_float_odd, uint64_to_double_odd, int64_to_double_odd,
     float_bits, bits_float, double_bits, bits_double, float16_to_float, bfloat16_to_float,
     round_half_even, round_to_float16_value, round_to_bfloat16_value, float_to_float16_bits,
-    float_to_bfloat16_bits,
+    float_to_bfloat16_bits, SmallFloatFormat, small_float_format, exact_parts,
+    round_exact_to_format, round_exact_units, DP_HALF_EVEN, DP_STOCHASTIC,
 )
 from _memory cimport check_aligned
 
@@ -49,6 +50,17 @@ cdef struct CastPlan:
     double float_above  # its maximum + 1, a power of two
     SmallFloat32Decoder decoder
     SmallFloat32Encoder encoder
+    # qemu_q.Datapath, when it changes a step of Cast: the datapath loop reads these.
+    bint datapath
+    int rounding              # DatapathRounding of every rounding to nearest but e8m0's
+    bint flush_inputs
+    bint flush_outputs
+    bint canonical_nan
+    double source_min_normal  # 0: the source has no subnormals
+    int target_mantissa_bits  # float targets: the format the value is rounded to
+    int target_min_exponent
+    double target_max
+    uint64_t nan_bits         # the canonical NaN of an IEEE target
 
 
 cdef struct CastWork:
@@ -56,6 +68,7 @@ cdef struct CastWork:
     uint8_t* y
     Py_ssize_t n
     CastPlan plan
+    const uint32_t* random_bits  # one word per element (stochastic rounding), else NULL
 
 
 cdef inline uint64_t load(const uint8_t* base, Py_ssize_t i, int nbytes) noexcept nogil:
@@ -164,6 +177,116 @@ cdef inline uint64_t convert(uint64_t raw, const CastPlan* p) noexcept nogil:
     return encode_value(decode_e8m0(<uint32_t>raw), p)
 
 
+cdef inline uint64_t encode_rounded(double r, bint negative, const CastPlan* p) noexcept nogil:
+    # r: the rounded magnitude (a value of the target with an unbounded exponent, or inf):
+    # overflow, the output flush and the sign, then the target's bits. Nothing is rounded
+    # here.
+    cdef int k = p.target_kind
+    if p.flush_outputs and r != 0.0 and r < ldexp(1.0, p.target_min_exponent):
+        r = 0.0
+    if k == CAST_SMALL_FLOAT:
+        # beyond every small float's range: an overflow row, never the inf row
+        if r > 1048576.0:
+            r = 1048576.0
+        return <uint64_t>encode_small_float32(<float>(-r if negative else r), &p.encoder)
+    if r > p.target_max:
+        r = INFINITY  # "+/- infinity if OOR", decided on the rounded value
+    if negative:
+        r = -r
+    if k == CAST_FLOAT64:
+        return double_bits(r)
+    if k == CAST_FLOAT32:
+        return float_bits(<float>r)
+    if k == CAST_FLOAT16:
+        return float_to_float16_bits(<float>r)
+    return float_to_bfloat16_bits(<float>r)
+
+
+cdef inline bint float_target(int k) noexcept nogil:
+    return (k == CAST_FLOAT64 or k == CAST_FLOAT32 or k == CAST_FLOAT16 or k == CAST_BFLOAT16
+            or k == CAST_SMALL_FLOAT)
+
+
+cdef inline uint64_t datapath_special(double v, const CastPlan* p) noexcept nogil:
+    # +-0, +-inf and NaN into a float target: nothing to round; NaN by the `nan` option.
+    cdef int k = p.target_kind
+    if v != v and p.canonical_nan and k != CAST_SMALL_FLOAT:
+        return p.nan_bits
+    if k == CAST_SMALL_FLOAT:
+        return <uint64_t>encode_small_float32(<float>v, &p.encoder)
+    return encode_value(v, p)
+
+
+cdef inline uint64_t datapath_from_value(double v, uint32_t word, const CastPlan* p) noexcept nogil:
+    # A float input's exact value (docs/semantics.md, "Datapath options", Cast).
+    cdef int k = p.target_kind
+    cdef uint64_t m
+    cdef int e
+    cdef double r
+    cdef bint negative
+    if p.flush_inputs and fabs(v) < p.source_min_normal:
+        v = copysign(0.0, v)
+    if float_target(k):
+        if v == 0.0 or v != v or isinf(v):
+            return datapath_special(v, p)
+        negative = v < 0.0
+        exact_parts(v, &m, &e)
+        r = round_exact_to_format(m, e, negative, p.target_mantissa_bits, p.target_min_exponent,
+                                  p.rounding, word)
+        return encode_rounded(r, negative, p)
+    if (k == CAST_SIGNED or k == CAST_UNSIGNED) and p.target_bits < 8:
+        # int4/uint4/int2/uint2: the spec's rounding to an integer, by the mode, then the
+        # low bits; below 2**53 a double may have a fraction.
+        if v == v and not isinf(v) and v != 0.0 and fabs(v) < 9007199254740992.0:
+            negative = v < 0.0
+            exact_parts(v, &m, &e)
+            if e < 0:
+                m = round_exact_units(m, -e, negative, p.rounding, word)
+            else:
+                m = m << e  # an integer below 2**53
+            return ((~m + 1) if negative else m) & p.target_mask
+    # e8m0 (its round_mode), bool, 8-bit-and-wider integers (truncation): the ONNX rules on
+    # the flushed input.
+    return encode_value(v, p)
+
+
+cdef inline uint64_t datapath_convert(uint64_t raw, uint32_t word, const CastPlan* p) noexcept nogil:
+    cdef int k = p.source_kind
+    cdef int shift
+    cdef uint64_t bits, magnitude
+    cdef bint negative
+    if k == CAST_SIGNED or k == CAST_UNSIGNED or k == CAST_BOOL:
+        if k == CAST_SIGNED:
+            shift = 64 - p.source_bits
+            bits = <uint64_t>((<int64_t>(raw << shift)) >> shift)
+            negative = <int64_t>bits < 0
+        elif k == CAST_UNSIGNED:
+            bits = raw & ((<uint64_t>1 << p.source_bits) - 1) if p.source_bits < 64 else raw
+            negative = False
+        else:
+            bits = raw != 0
+            negative = False
+        if not float_target(p.target_kind) or bits == 0:
+            return convert(raw, p)
+        # An integer into a float: its exact value rounded by the mode (int64 into float32
+        # or float64 may be inexact).
+        magnitude = (~bits) + 1 if negative else bits
+        return encode_rounded(round_exact_to_format(magnitude, 0, negative, p.target_mantissa_bits,
+                                                    p.target_min_exponent, p.rounding, word),
+                              negative, p)
+    if k == CAST_FLOAT64:
+        return datapath_from_value(bits_double(raw), word, p)
+    if k == CAST_FLOAT32:
+        return datapath_from_value(bits_float(<uint32_t>raw), word, p)
+    if k == CAST_FLOAT16:
+        return datapath_from_value(float16_to_float(<uint16_t>raw), word, p)
+    if k == CAST_BFLOAT16:
+        return datapath_from_value(bfloat16_to_float(<uint16_t>raw), word, p)
+    if k == CAST_SMALL_FLOAT:
+        return datapath_from_value(decode_small_float32(<uint32_t>raw, &p.decoder), word, p)
+    return datapath_from_value(decode_e8m0(<uint32_t>raw), word, p)
+
+
 cdef void cast_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef const CastWork* w = <const CastWork*>work
     cdef const CastPlan* p = &w.plan
@@ -177,7 +300,13 @@ cdef void cast_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef SmallFloat32Encoder encoder
     cdef int round_mode
     cdef bint saturate
-    if p.path == CAST_PATH_F32_SMALL_FLOAT:
+    cdef uint32_t word = 0
+    if p.datapath:
+        for i in range(start, stop):
+            if w.random_bits != NULL:
+                word = w.random_bits[i]
+            store(w.y, i, p.target_bytes, datapath_convert(load(w.x, i, p.source_bytes), word, p))
+    elif p.path == CAST_PATH_F32_SMALL_FLOAT:
         encoder = p.encoder  # a local copy: loop invariants the compiler can keep in registers
         for i in range(start, stop):
             y8[i] = <uint8_t>encode_small_float32(x32[i], &encoder)
@@ -206,7 +335,10 @@ cdef class CastConfig:
 
     def __init__(self, *, int path, int source_kind, int source_bits, int source_format,
                  int target_kind, int target_bits, int target_format, int round_mode,
-                 bint saturate, int small_float_rules):
+                 bint saturate, int small_float_rules, bint datapath=False,
+                 int rounding=DP_HALF_EVEN, bint flush_inputs=False, bint flush_outputs=False,
+                 bint canonical_nan=False, double source_min_normal=0.0):
+        cdef SmallFloatFormat f
         if path not in (CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_F32_E8M0):
             raise ValueError(f"CastConfig: unknown path {path}")
         for name, kind, bits, fmt in (("source", source_kind, source_bits, source_format),
@@ -226,6 +358,10 @@ cdef class CastConfig:
             raise ValueError("CastConfig: the float32 small-float path needs float32 into a small float")
         if path == CAST_PATH_F32_E8M0 and not (source_kind == CAST_FLOAT32 and target_kind == CAST_E8M0):
             raise ValueError("CastConfig: the float32 e8m0 path needs float32 into float8e8m0")
+        if datapath and path != CAST_PATH_GENERAL:
+            raise ValueError("CastConfig: a datapath runs on the general path only")
+        if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
+            raise ValueError(f"CastConfig: rounding {rounding} is not a datapath rounding")
         p = &self.plan
         p.path = path
         p.source_kind = source_kind
@@ -250,6 +386,27 @@ cdef class CastConfig:
         p.decoder = small_float32_decoder(source_format if source_kind == CAST_SMALL_FLOAT else 0)
         p.encoder = small_float32_encoder(target_format if target_kind == CAST_SMALL_FLOAT else 0,
                                           saturate, small_float_rules)
+        p.datapath = datapath
+        p.rounding = rounding if datapath else DP_HALF_EVEN
+        p.flush_inputs = datapath and flush_inputs
+        p.flush_outputs = datapath and flush_outputs
+        p.canonical_nan = datapath and canonical_nan
+        p.source_min_normal = source_min_normal if datapath else 0.0
+        # (mantissa bits, smallest normal exponent, largest finite, canonical NaN) of a
+        # float target; the small floats' overflow is their encoder's.
+        targets = {CAST_FLOAT64: (52, -1022, 1.7976931348623157e308, 0x7FF8000000000000),
+                   CAST_FLOAT32: (23, -126, (2.0 - 2.0 ** -23) * 2.0 ** 127, 0x7FC00000),
+                   CAST_FLOAT16: (10, -14, 65504.0, 0x7E00),
+                   CAST_BFLOAT16: (7, -126, (2.0 - 2.0 ** -7) * 2.0 ** 127, 0x7FC0)}
+        if target_kind == CAST_SMALL_FLOAT:
+            f = small_float_format(target_format)
+            targets[target_kind] = (f.mantissa_bits, f.min_exponent, f.max_finite, 0)
+        (p.target_mantissa_bits, p.target_min_exponent, p.target_max,
+         p.nan_bits) = targets.get(target_kind, (0, 0, 0.0, 0))
+
+    @property
+    def stochastic(self):
+        return self.plan.datapath and self.plan.rounding == DP_STOCHASTIC
 
     @property
     def source_bytes(self):
@@ -260,16 +417,30 @@ cdef class CastConfig:
         return self.plan.target_bytes
 
 
-def cast(const uint8_t[::1] x, uint8_t[::1] y, CastConfig config, int n_threads):
-    """y = Cast(x) on raw element bytes (one element per byte for sub-byte types)."""
+def cast(const uint8_t[::1] x, uint8_t[::1] y, CastConfig config, int n_threads, random_bits=None):
+    """y = Cast(x) on raw element bytes (one element per byte for sub-byte types);
+    random_bits (uint32, one per element) only for a stochastic datapath."""
     cdef CastWork work
     cdef Py_ssize_t n
+    cdef const uint32_t[::1] words
     work.plan = config.plan
+    work.random_bits = NULL
     if x.shape[0] % work.plan.source_bytes or y.shape[0] % work.plan.target_bytes:
         raise ValueError("cast: x and y must hold whole elements of the configured types")
     n = x.shape[0] // work.plan.source_bytes
     if y.shape[0] // work.plan.target_bytes != n:
         raise ValueError(f"cast: x has {n} elements, y {y.shape[0] // work.plan.target_bytes}")
+    if config.stochastic:
+        if random_bits is None:
+            raise ValueError("cast: stochastic rounding needs random_bits, one uint32 word per element")
+        words = random_bits
+        if words.shape[0] != n:
+            raise ValueError(f"cast: random_bits has {words.shape[0]} words; x has {n} elements")
+        if n:
+            check_aligned(&words[0], sizeof(uint32_t), "random_bits")
+            work.random_bits = &words[0]
+    elif random_bits is not None:
+        raise ValueError("cast: random_bits are read by stochastic rounding only")
     if n == 0:
         return
     check_aligned(&x[0], work.plan.source_bytes, "x")

@@ -3,7 +3,7 @@
 # Everything here is `inline noexcept nogil` so that each kernel gets its own copy the
 # compiler can specialise on constant arguments.
 
-from libc.math cimport fabs, fabsf, floor, ceil, copysign, copysignf, fma, fmod, frexp, isinf, isnan, INFINITY
+from libc.math cimport fabs, fabsf, floor, ceil, copysign, copysignf, fma, fmod, frexp, ldexp, isinf, isnan, INFINITY
 from libc.stdint cimport int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
@@ -649,3 +649,100 @@ cdef inline double round_to_small_float_value(double q, int mantissa_bits, int m
     if flush and r < pow2(min_exponent):
         r = 0.0
     return copysign(r, q)
+
+
+# qemu_q.Datapath on DequantizeLinear and Cast (docs/semantics.md, "Datapath options"): an
+# exact value m * 2**k rounded by a DatapathRounding mode with integer arithmetic only, so
+# that no FPU rounding mode is involved and no intermediate is rounded.
+cdef extern from *:
+    """
+    static inline int qemu_q_clz64(unsigned long long v) { return __builtin_clzll(v); }
+    static inline int qemu_q_ctz64(unsigned long long v) { return __builtin_ctzll(v); }
+    """
+    int clz64 "qemu_q_clz64" (unsigned long long v) noexcept nogil
+    int ctz64 "qemu_q_ctz64" (unsigned long long v) noexcept nogil
+
+
+cdef inline void exact_parts(double a, uint64_t* m, int* k) noexcept nogil:
+    # |a| = m * 2**k with m odd (a finite, nonzero): a double's significand is an integer
+    # of at most 53 bits, so the product of two such parts with few significant bits (codes
+    # of at most 34 bits, scales of at most 24) fits in 64.
+    cdef int e
+    cdef double f = frexp(fabs(a), &e)
+    cdef uint64_t mantissa = <uint64_t>(f * 9007199254740992.0)  # * 2**53: exact
+    cdef int zeros = ctz64(mantissa)
+    m[0] = mantissa >> zeros
+    k[0] = e - 53 + zeros
+
+
+cdef inline bint datapath_rounds_up(int mode, bint above, bint tie, bint odd, bint negative,
+                                    bint carry) noexcept nogil:
+    # The rounding table of docs/semantics.md for an inexact magnitude: above / tie say
+    # where the dropped part lies against half a unit, odd is the kept part's parity, carry
+    # the stochastic word's carry out.
+    if mode == DP_HALF_EVEN:
+        return above or (tie and odd)
+    if mode == DP_HALF_AWAY:
+        return above or tie
+    if mode == DP_HALF_UP:
+        return above or (tie and not negative)
+    if mode == DP_HALF_DOWN:
+        return above or (tie and negative)
+    if mode == DP_TOWARD_ZERO:
+        return False
+    if mode == DP_DOWN:
+        return negative
+    if mode == DP_UP:
+        return not negative
+    if mode == DP_TO_ODD:
+        return not odd
+    return carry
+
+
+cdef inline uint64_t round_exact_units(uint64_t m, int shift, bint negative, int mode,
+                                       uint32_t random_word) noexcept nogil:
+    # m / 2**shift (shift >= 1) rounded to an integer by `mode`, from the exact bits: the
+    # kept part, the dropped part against half, and the dropped part's first 32 bits for the
+    # stochastic carry (those past the 32nd are lost, as the definition says).
+    cdef uint64_t whole, rest, fraction32
+    cdef bint above, tie
+    if shift >= 64:
+        whole = 0
+        rest = m
+        above = shift == 64 and rest > (<uint64_t>1 << 63)
+        tie = shift == 64 and rest == (<uint64_t>1 << 63)
+    else:
+        whole = m >> shift
+        rest = m & ((<uint64_t>1 << shift) - 1)
+        above = rest > (<uint64_t>1 << (shift - 1))
+        tie = rest == (<uint64_t>1 << (shift - 1))
+    if rest == 0:
+        return whole
+    if shift <= 32:
+        fraction32 = rest << (32 - shift)
+    elif shift - 32 < 64:
+        fraction32 = rest >> (shift - 32)
+    else:
+        fraction32 = 0
+    if datapath_rounds_up(mode, above, tie, (whole & 1) != 0, negative,
+                          fraction32 + <uint64_t>random_word >= (<uint64_t>1 << 32)):
+        return whole + 1
+    return whole
+
+
+cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int mantissa_bits,
+                                         int min_exponent, int mode, uint32_t random_word) noexcept nogil:
+    # The magnitude m * 2**k (m > 0) rounded by `mode` to a binary format of `mantissa_bits`
+    # fraction bits whose smallest normal is 2**min_exponent, with an unbounded exponent
+    # above (the caller decides overflow on the result, which may be inf in double).
+    # `negative` is the value's sign. Exact: the result has at most mantissa_bits + 1 <= 53
+    # significant bits.
+    cdef int exponent = 63 - clz64(m) + k
+    cdef int ulp_exponent, shift
+    if exponent < min_exponent:
+        exponent = min_exponent
+    ulp_exponent = exponent - mantissa_bits
+    shift = ulp_exponent - k
+    if shift <= 0:
+        return ldexp(<double>m, k)
+    return ldexp(<double>round_exact_units(m, shift, negative, mode, random_word), ulp_exponent)

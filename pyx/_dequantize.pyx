@@ -9,14 +9,14 @@
 import numpy as np
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport fabs, fma
-from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uintptr_t
+from libc.math cimport fabs, fma, copysign, ldexp, isinf, INFINITY
+from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 
 from _codecs cimport (
     y_storage_t,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32, select_f32,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, SF_COUNT, round_to_value_format,
-    pack_value_format,
+    pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_STOCHASTIC,
 )
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
@@ -106,6 +106,24 @@ cdef struct DequantizePlan:
     const double* zero_point
     const float* scale32       # float32 copies, exact where the output is float32
     const float* zero_point32
+    # qemu_q.Datapath, when it changes a step of DequantizeLinear: the datapath loop reads
+    # these (float64 parameters, no fast loop).
+    bint datapath
+    int rounding               # DatapathRounding: the product into the output type
+    bint product_rounded       # scale_precision wider than the output: the product is first
+    int product_mantissa_bits  # rounded to nearest even to that precision
+    int product_min_exponent
+    double product_max
+    bint flush_inputs
+    bint flush_outputs
+    bint canonical_nan
+    double x_min_normal        # small-float codes below it (nonzero) are subnormal; 0: none
+    double scale_min_normal
+    int out_mantissa_bits
+    int out_min_exponent
+    double out_max
+    uint32_t nan_bits          # the canonical NaN of the output format
+    const uint32_t* random_bits  # one word per element of x (stochastic rounding), else NULL
 
 
 cdef inline float code_value(dq_code_t c, const float* table, bint signed16) noexcept nogil:
@@ -206,8 +224,89 @@ cdef inline void run_small_float_bytes_f32(const uint8_t* x, float* y, Py_ssize_
             y[i] = select_f32(d == d, d * s, d)
 
 
+cdef inline double datapath_value(double d, double s, uint32_t random_word,
+                                  const DequantizePlan* p) noexcept nogil:
+    # (x - zero_point) * scale as the datapath forms it (docs/semantics.md, "Datapath
+    # options"): d = x - zero_point and s exact (x already flushed), s flushed, the exact product rounded (to the
+    # product precision first, when it is wider than the output), overflow to +-inf, the
+    # output flushed. Zeros, infinities and NaNs are IEEE products: nothing to round.
+    cdef uint64_t md, ms
+    cdef int kd, ks
+    cdef bint negative
+    cdef double r
+    if p.flush_inputs and fabs(s) < p.scale_min_normal:
+        s = copysign(0.0, s)
+    if d != d:
+        return d  # a NaN code wins over a NaN scale, as on the ONNX path
+    if d == 0.0 or s == 0.0 or isinf(d) or isinf(s) or s != s:
+        return d * s
+    negative = (d < 0.0) != (s < 0.0)
+    exact_parts(d, &md, &kd)
+    exact_parts(s, &ms, &ks)
+    md = md * ms  # at most 34 + 24 bits
+    kd = kd + ks
+    if p.product_rounded:
+        r = round_exact_to_format(md, kd, negative, p.product_mantissa_bits, p.product_min_exponent,
+                                  DP_HALF_EVEN, 0)
+        if r > p.product_max:
+            return -INFINITY if negative else INFINITY
+        if r == 0.0:  # below half the precision's smallest subnormal
+            return -0.0 if negative else 0.0
+        exact_parts(r, &md, &kd)
+    r = round_exact_to_format(md, kd, negative, p.out_mantissa_bits, p.out_min_exponent,
+                              p.rounding, random_word)
+    if r > p.out_max:
+        r = INFINITY
+    elif p.flush_outputs and r < ldexp(1.0, p.out_min_exponent):
+        r = 0.0
+    return -r if negative else r
+
+
+cdef inline double datapath_code(dq_code_t c, const DequantizePlan* p) noexcept nogil:
+    if dq_code_t is uint8_t:
+        return p.table[c]
+    elif dq_code_t is uint16_t:
+        return <double>(<int16_t>c) if p.signed16 else <double>c
+    else:
+        return <double>c
+
+
+cdef inline void run_datapath(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, Py_ssize_t param_index,
+                              bint params_vary, Py_ssize_t first, const DequantizePlan* plan) noexcept nogil:
+    # run_segment's loop for a datapath; first is the index of x[0] in the whole x (where
+    # its random bits are).
+    cdef DequantizePlan p = plan[0]
+    cdef const double* scale = p.scale + param_index
+    cdef const double* zero_point = p.zero_point + param_index
+    cdef Py_ssize_t i, k
+    cdef uint32_t word = 0
+    cdef double c, v
+    cdef float f
+    for i in range(n):
+        k = i if params_vary else 0
+        if p.random_bits != NULL:
+            word = p.random_bits[first + i]
+        c = datapath_code(x[i], &p)
+        # A subnormal code is read as a zero of its sign before the zero point (+-0) is
+        # subtracted: -sub - (-0) is +0, as -0 - (-0) is.
+        if p.flush_inputs and fabs(c) < p.x_min_normal:
+            c = copysign(0.0, c)
+        v = datapath_value(c - zero_point[k], scale[k], word, &p)
+        if p.canonical_nan and v != v:
+            if y_storage_t is float:
+                y[i] = bits_float(p.nan_bits)
+            else:
+                y[i] = <uint16_t>p.nan_bits
+            continue
+        f = <float>v  # exact: a value of the output format, inf or NaN
+        if y_storage_t is float:
+            y[i] = f
+        else:
+            y[i] = pack_value_format(f, p.out_format)
+
+
 cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, Py_ssize_t param_index,
-                             bint params_vary, const DequantizePlan* p) noexcept nogil:
+                             bint params_vary, Py_ssize_t first, const DequantizePlan* p) noexcept nogil:
     # Everything the loops need is read into locals first: stores through y (a character
     # type may alias anything) must not force reloads of the plan's fields.
     cdef const double* scale = p.scale + param_index
@@ -221,6 +320,9 @@ cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, P
     cdef float d, v
     cdef float s = scale32[0]
     cdef float z = zero_point32[0]
+    if p.datapath:
+        run_datapath(x, y, n, param_index, params_vary, first, p)
+        return
     if dq_code_t is int32_t:
         for i in range(n):
             k = i if params_vary else 0
@@ -295,7 +397,7 @@ cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t
     cursor_at(&p.layout, start, end, &c)
     while next_segment(&p.layout, &c, &seg):
         run_segment(x + (seg.start - start), y + (seg.start - start), seg.length,
-                    seg.param_index, seg.params_vary, p)
+                    seg.param_index, seg.params_vary, seg.start, p)
 
 
 cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
@@ -371,7 +473,10 @@ cdef class DequantizeConfig:
     def __init__(self, *, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner, int granularity,
                  Py_ssize_t block_size, const float[::1] table not None, int code_size, int code_bits,
                  int integer_bits, bint integer_signed, int small_float_id, bint signed16,
-                 int out_format, bint fast, bint float32_parameters):
+                 int out_format, bint fast, bint float32_parameters, bint datapath=False,
+                 int rounding=DP_HALF_EVEN, int scale_precision=0, bint flush_inputs=False,
+                 bint flush_outputs=False, bint canonical_nan=False, double x_min_normal=0.0,
+                 double scale_min_normal=0.0):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if table.shape[0] != 256:
@@ -382,8 +487,15 @@ cdef class DequantizeConfig:
             raise ValueError(f"integer_bits {integer_bits}, small_float_id {small_float_id}")
         if out_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16):
             raise ValueError(f"out_format {out_format} is not an output format")
-        if float32_parameters != (code_size <= 2 and out_format == FMT_FLOAT32):
-            raise ValueError("float32 parameters are read by float32 outputs of 8- and 16-bit codes")
+        if float32_parameters != (code_size <= 2 and out_format == FMT_FLOAT32 and not datapath):
+            raise ValueError("float32 parameters are read by float32 outputs of 8- and 16-bit codes "
+                             "(not by a datapath)")
+        if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
+            raise ValueError(f"rounding {rounding} is not a datapath rounding")
+        if scale_precision not in (0, 1, 2):
+            raise ValueError(f"scale_precision {scale_precision}: 0 (the output type), 1 float32, 2 float64")
+        if datapath and fast:
+            raise ValueError("a datapath runs on the general loops only (fast=False)")
         if outer < 0 or axis_len < 0 or inner < 0:
             raise ValueError("outer, axis_len and inner must be >= 0")
         if outer and inner and axis_len > (<Py_ssize_t>1 << 62) // outer // inner:
@@ -401,6 +513,25 @@ cdef class DequantizeConfig:
         self.plan.signed16 = signed16
         self.plan.out_format = out_format
         self.plan.fast = fast
+        p = &self.plan
+        p.datapath = datapath
+        p.rounding = rounding if datapath else DP_HALF_EVEN
+        # (mantissa bits, smallest normal exponent, largest finite) of float32, float16, bfloat16
+        formats = {FMT_FLOAT32: (23, -126, (2.0 - 2.0 ** -23) * 2.0 ** 127),
+                   FMT_FLOAT16: (10, -14, 65504.0),
+                   FMT_BFLOAT16: (7, -126, (2.0 - 2.0 ** -7) * 2.0 ** 127)}
+        p.out_mantissa_bits, p.out_min_exponent, p.out_max = formats[out_format]
+        p.nan_bits = {FMT_FLOAT32: 0x7FC00000, FMT_FLOAT16: 0x7E00, FMT_BFLOAT16: 0x7FC0}[out_format]
+        # A product precision no wider than the output is the output's one rounding.
+        p.product_rounded = datapath and (scale_precision == 2 or (scale_precision == 1 and out_format != FMT_FLOAT32))
+        p.product_mantissa_bits, p.product_min_exponent, p.product_max = (
+            (52, -1022, 1.7976931348623157e308) if scale_precision == 2 else formats[FMT_FLOAT32])
+        p.flush_inputs = datapath and flush_inputs
+        p.flush_outputs = datapath and flush_outputs
+        p.canonical_nan = datapath and canonical_nan
+        p.x_min_normal = x_min_normal if datapath else 0.0
+        p.scale_min_normal = scale_min_normal if datapath else 0.0
+        p.random_bits = NULL
         self.code_size = code_size
         self.code_bits = code_bits
         self.float32_parameters = float32_parameters
@@ -409,9 +540,14 @@ cdef class DequantizeConfig:
     def size(self):
         return self.plan.layout.size
 
+    @property
+    def stochastic(self):
+        return self.plan.datapath and self.plan.rounding == DP_STOCHASTIC
+
 
 cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero_point,
-                              Py_ssize_t size, Py_ssize_t out_itemsize, int n_threads) except *:
+                              object random_bits, Py_ssize_t size, Py_ssize_t out_itemsize,
+                              int n_threads) except *:
     # The plan of one call: the config's, with this call's parameter arrays checked
     # against the layout and attached, its tasks sized, its output streamed if large.
     cdef DequantizePlan p = config.plan
@@ -426,6 +562,17 @@ cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero
     else:
         p.scale = float64_parameters(scale, needed, "scales")
         p.zero_point = float64_parameters(zero_point, needed, "zero points")
+    cdef const uint32_t[::1] words
+    if config.stochastic:
+        if random_bits is None:
+            raise ValueError("stochastic rounding needs random_bits, one uint32 word per element")
+        words = random_bits
+        if words.shape[0] != size:
+            raise ValueError(f"random_bits has {words.shape[0]} words; x has {size} elements")
+        check_aligned(&words[0], sizeof(uint32_t), "random_bits")
+        p.random_bits = &words[0]
+    elif random_bits is not None:
+        raise ValueError("random_bits are read by stochastic rounding only")
     set_task_size(&p.layout, n_threads)
     p.stream = HAVE_STREAM and size * out_itemsize >= STREAM_MIN_BYTES
     # Not for blocks along the last axis: their short runs are better gathered in L1.
@@ -471,7 +618,8 @@ cdef int check_out_storage(int out_format, bint is_float) except -1:
 
 
 cdef int run_call(const void* x, int x_size, int bits, object scale, object zero_point,
-                  y_storage_t[::1] out, DequantizeConfig config, int n_threads) except -1:
+                  y_storage_t[::1] out, DequantizeConfig config, int n_threads,
+                  object random_bits) except -1:
     # What both entries do once their input is checked: the output against the config,
     # the call's plan, the tasks.
     cdef Py_ssize_t size = out.shape[0]
@@ -479,7 +627,7 @@ cdef int run_call(const void* x, int x_size, int bits, object scale, object zero
     cdef DequantizeWork work
     check_out_storage(config.plan.out_format, y_storage_t is float)
     check_aligned(&out[0], sizeof(y_storage_t), "out")
-    p = call_plan(config, scale, zero_point, size, sizeof(y_storage_t), n_threads)
+    p = call_plan(config, scale, zero_point, random_bits, size, sizeof(y_storage_t), n_threads)
     work.x = x
     work.y = &out[0]
     work.x_size = x_size
@@ -492,10 +640,11 @@ cdef int run_call(const void* x, int x_size, int bits, object scale, object zero
 
 
 def dequantize(const dq_code_t[::1] x, scale, zero_point, y_storage_t[::1] out,
-               DequantizeConfig config not None, int n_threads):
+               DequantizeConfig config not None, int n_threads, random_bits=None):
     """Dequantize codes x (flattened, C order) into `out` as `config` says; scale and
-    zero_point are float32 when config.float32_parameters, else float64. The kernel
-    allocates nothing."""
+    zero_point are float32 when config.float32_parameters, else float64; random_bits
+    (uint32, one per element) only for a stochastic datapath. The kernel allocates
+    nothing."""
     cdef Py_ssize_t size = x.shape[0]
     if size == 0:
         return
@@ -504,11 +653,11 @@ def dequantize(const dq_code_t[::1] x, scale, zero_point, y_storage_t[::1] out,
     if sizeof(dq_code_t) != config.code_size:
         raise ValueError(f"x's storage has {sizeof(dq_code_t)}-byte codes; the config's {config.code_size}")
     check_aligned(&x[0], sizeof(dq_code_t), "x")
-    run_call(&x[0], sizeof(dq_code_t), 0, scale, zero_point, out, config, n_threads)
+    run_call(&x[0], sizeof(dq_code_t), 0, scale, zero_point, out, config, n_threads, random_bits)
 
 
 def dequantize_packed(const uint8_t[::1] packed, scale, zero_point, y_storage_t[::1] out,
-                      DequantizeConfig config not None, int n_threads):
+                      DequantizeConfig config not None, int n_threads, random_bits=None):
     """As `dequantize`, reading out.shape[0] codes of config.code_bits bits (2, 4 or 6)
     from the ONNX raw_data layout in `packed`."""
     cdef Py_ssize_t size = out.shape[0]
@@ -520,7 +669,7 @@ def dequantize_packed(const uint8_t[::1] packed, scale, zero_point, y_storage_t[
     if packed.shape[0] != (size * bits + 7) // 8:
         raise ValueError(f"{size} codes of {bits} bits take {(size * bits + 7) // 8} bytes; "
                          f"got {packed.shape[0]}")
-    run_call(&packed[0], 1, bits, scale, zero_point, out, config, n_threads)
+    run_call(&packed[0], 1, bits, scale, zero_point, out, config, n_threads, random_bits)
 
 
 def decode_table(int small_float_id):

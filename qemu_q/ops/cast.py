@@ -26,6 +26,8 @@ from .._rules import cast_output_type, label, saturate_applies
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
 from .._validate import ArraySpec, cached_plan, check_attribute, check_type, signature as _signature
+from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath
+from .dequantize_linear import check_random_bits
 
 # ONNX's STRING data type: Cast defines it, qemu_q does not implement it.
 _STRING_ID = 8
@@ -86,8 +88,27 @@ def _check_numeric(array: np.ndarray, argument: str) -> None:
         raise TypeError(f"{argument} has dtype {array.dtype}: {_STRING_MESSAGE}")
 
 
+def datapath_reads(datapath: Datapath) -> Datapath:
+    """The part of a Datapath Cast and CastLike read (docs/semantics.md, "Datapath
+    options"): rounding, nan, subnormals; scale, scale_precision, nan_to_integer,
+    accumulator and requantization describe steps Cast has not, and are ignored."""
+    return Datapath(rounding=datapath.rounding, nan=datapath.nan, subnormals=datapath.subnormals)
+
+
+def _min_normal(etype: ElementType) -> float:
+    """The smallest normal of a float type (below it, nonzero values are subnormal); 0.0
+    for types without subnormals (integers, bool, float8e8m0)."""
+    import ml_dtypes
+
+    if etype.kind == "small_float" or etype.name in ("float", "float16", "bfloat16", "double"):
+        finfo = np.finfo(etype.dtype) if etype.dtype.kind == "f" and etype.name != "bfloat16" else ml_dtypes.finfo(etype.dtype)
+        return float(finfo.smallest_normal)
+    return 0.0
+
+
 @lru_cache(maxsize=512)
-def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernels) -> CastPlan:
+def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernels,
+              datapath: Datapath = ONNX) -> CastPlan:
     x = ArraySpec(*x_signature)
     spec = get_spec(op_type, opset)
     opset = spec.since_version if opset is None else opset
@@ -105,12 +126,19 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
     rules = 0
     if out_type.kind == "small_float":
         table = cast_float8_table(opset) if opset >= 19 else None
-        if table is not None and table.negative_nan_row:
+        # nan="canonical": no signed-NaN rows, so every e4m3fn / e5m2 NaN result is 0x7F
+        if table is not None and table.negative_nan_row and datapath.nan != "canonical":
             rules |= SF_RULE_NAN_SIGN
         if table is not None and table.fnuz_inf_to_nan:
             rules |= SF_RULE_FNUZ_INF_NAN
         rules |= SF_RULE_NAN_NEGATIVE_ZERO
     path = CAST_PATH_GENERAL
+    # `datapath` holds only the fields Cast reads. `nan` into a small float is the
+    # encoder's rows above (its fast loop stays); anything else runs the datapath loop.
+    use_datapath = datapath != Datapath(nan=datapath.nan) or (
+        datapath.nan == "canonical" and out_type.kind != "small_float")
+    if use_datapath:
+        fast_kernels = False
     if fast_kernels and source_kind == CAST_FLOAT32:
         if target_kind == CAST_SMALL_FLOAT:
             path = CAST_PATH_F32_SMALL_FLOAT
@@ -121,22 +149,30 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
         target_kind=target_kind, target_bits=target_bits, target_format=target_format,
         round_mode=E8M0_ROUND_MODES.index(round_mode),
         saturate=bool(saturate) if saturate_applies(spec, out_type) else True,
-        small_float_rules=rules,
+        small_float_rules=rules, datapath=use_datapath, rounding=ROUND_CODES[datapath.rounding],
+        flush_inputs=datapath.flush_inputs, flush_outputs=datapath.flush_outputs,
+        canonical_nan=datapath.nan == "canonical",
+        source_min_normal=_min_normal(x_type) if use_datapath else 0.0,
     )
     return CastPlan(where, x_type, out_type, tuple(fields.items()))
 
 
-def _run(op_type: str, x, to: ElementType, saturate, round_mode, opset, out, n_threads):
+def _run(op_type: str, x, to: ElementType, saturate, round_mode, opset, out, n_threads,
+         datapath, random_bits):
+    datapath = datapath_reads(as_datapath(datapath))
+    bits = check_random_bits(random_bits, datapath, x.shape, "x")
     plan = cached_plan(cast_plan, (
         op_type, opset, _signature(x), to,
         _coerce.int_attribute(saturate, "saturate", allow_bool=True), _round_mode(round_mode),
-        _dispatch.FAST_KERNELS,
+        _dispatch.FAST_KERNELS, datapath,
     ))
     n_threads = resolve_threads(n_threads, x.size)
     result = prepare_output(out, x.shape, plan.out_type, [("input", x)])
     if x.size == 0:
         return result
-    if plan.x_type is plan.out_type and plan.x_type.kind != "small_float":
+    # The identity shortcut is ONNX's; a datapath may flush or canonicalize the same type.
+    if (plan.x_type is plan.out_type and plan.x_type.kind != "small_float"
+            and not dict(plan.kernel_fields)["datapath"]):
         # A cast to the input's own type is the identity: every bit, NaN payloads included.
         # Not for the small floats: the float8 tables apply to every input (e5m2 with
         # saturate=1 maps +-inf to +-max, and its NaNs are written 0x7E / 0xFE).
@@ -146,7 +182,8 @@ def _run(op_type: str, x, to: ElementType, saturate, round_mode, opset, out, n_t
     source = flat_storage(x, plan.x_type).view(np.uint8)
     storage = result.reshape(-1).view(plan.out_type.storage)
     written = kernel_output(storage)
-    _dispatch.run(Path.CAST, source, written.view(np.uint8), config, n_threads)
+    extra = {} if bits is None else {"random_bits": bits}
+    _dispatch.run(Path.CAST, source, written.view(np.uint8), config, n_threads, **extra)
     finish_output(storage, written)
     return result
 
@@ -154,7 +191,8 @@ def _run(op_type: str, x, to: ElementType, saturate, round_mode, opset, out, n_t
 @in_default_fp_environment
 def cast(x: Array, to: TypeSpec, *, saturate: int | bool = 1, round_mode: str = "up",
          opset: int | None = None, out: np.ndarray | None = None,
-         n_threads: int | None = None) -> np.ndarray:
+         n_threads: int | None = None, datapath: Datapath | None = None,
+         random_bits: np.ndarray | None = None) -> np.ndarray:
     """ONNX Cast: x converted to the type `to`, bit-exact, by the tables of the version in
     force at `opset` (newest since-version <= opset; None: 28).
 
@@ -164,19 +202,29 @@ def cast(x: Array, to: TypeSpec, *, saturate: int | bool = 1, round_mode: str = 
     ml_dtypes holds them (pack() gives the ONNX raw_data). Rules the spec leaves open
     (float to integer out of range, float8e8m0 below its range, NaN into float4/float6)
     are in docs/semantics.md. tensor(string) is not supported (TypeError).
+
+    `datapath` (a `qemu_q.Datapath`, None: ONNX) reads `rounding` (every rounding to
+    nearest of a float or integer into a float type, and into int4/uint4/int2/uint2; not
+    the truncation into 8-bit-and-wider integers, nor float8e8m0, whose `round_mode`
+    governs), `nan` ("canonical": one NaN code per float type) and `subnormals`; the other
+    fields describe steps Cast has not and are ignored. rounding="stochastic" takes
+    `random_bits=`, a uint32 array of x's shape. docs/semantics.md, "Datapath options".
     """
     x = _coerce.as_array(x, "x")
     _check_numeric(x, "x")
     target = _target(to, "to")
-    return _run("Cast", x, target, saturate, round_mode, normalize_opset(opset), out, n_threads)
+    return _run("Cast", x, target, saturate, round_mode, normalize_opset(opset), out, n_threads,
+                datapath, random_bits)
 
 
 @in_default_fp_environment
 def cast_like(x: Array, target_type: Array, *, saturate: int | bool = 1, round_mode: str = "up",
               opset: int | None = None, out: np.ndarray | None = None,
-              n_threads: int | None = None) -> np.ndarray:
+              n_threads: int | None = None, datapath: Datapath | None = None,
+              random_bits: np.ndarray | None = None) -> np.ndarray:
     """ONNX CastLike: x converted to the element type of the array `target_type` (only its
-    dtype is read), with Cast's rules at `opset` (CastLike has versions 15 to 25)."""
+    dtype is read), with Cast's rules at `opset` (CastLike has versions 15 to 25);
+    `datapath` and `random_bits` as `cast`'s."""
     x = _coerce.as_array(x, "x")
     target_type = _coerce.as_array(target_type, "target_type")
     _check_numeric(x, "x")
@@ -185,7 +233,8 @@ def cast_like(x: Array, target_type: Array, *, saturate: int | bool = 1, round_m
     target = array_element_type(target_type, "target_type")
     spec = get_spec("CastLike", opset)
     check_type(spec, opset, "target_type", target)
-    return _run("CastLike", x, target, saturate, round_mode, opset, out, n_threads)
+    return _run("CastLike", x, target, saturate, round_mode, opset, out, n_threads, datapath,
+                random_bits)
 
 
 @register("Cast")

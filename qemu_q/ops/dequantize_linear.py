@@ -20,7 +20,7 @@ from .._params import check_zero_point_values, kernel_parameters
 from .._registry import register
 from .._rules import dequantize_output_type, label, multiplication_precision
 from .._threads import in_default_fp_environment, resolve_threads
-from ..datapath import ONNX, Datapath, as_datapath
+from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath
 from .._typing import Array, Shape, TypeSpec
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
@@ -46,9 +46,31 @@ class DequantizePlan(_dispatch.KernelPlan):
     CONFIG_CLASS = "DequantizeConfig"
 
 
+# The smallest normal of a scale type (Datapath subnormals="flush_inputs"); float8e8m0
+# has no subnormals.
+_SCALE_MIN_NORMAL = {"float": 2.0 ** -126, "float16": 2.0 ** -14, "bfloat16": 2.0 ** -126}
+_SCALE_PRECISIONS = {None: 0, "float32": 1, "float64": 2}
+
+
+def datapath_reads(datapath: Datapath) -> Datapath:
+    """The part of a Datapath DequantizeLinear reads (docs/semantics.md, "Datapath
+    options"): rounding, scale_precision, nan, subnormals; the others (scale,
+    nan_to_integer, accumulator, requantization) describe steps it has not, and are
+    ignored."""
+    return Datapath(rounding=datapath.rounding, scale_precision=datapath.scale_precision,
+                    nan=datapath.nan, subnormals=datapath.subnormals)
+
+
+def _small_float_min_normal(x_type) -> float:
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(x_type.dtype).smallest_normal)
+
+
 @lru_cache(maxsize=512)
 def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
-                    block_size, output_dtype, fast_kernels) -> DequantizePlan:
+                    block_size, output_dtype, fast_kernels,
+                    datapath: Datapath = ONNX) -> DequantizePlan:
     # As quantize_plan: validated once per signature.
     x, scale = ArraySpec(*x_signature), ArraySpec(*scale_signature)
     zero_point = ArraySpec.of_signature(zp_signature)
@@ -78,6 +100,11 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                "x_scale", "x_zero_point")
     integer = x_type.kind == "integer"
+    # `datapath` holds only the fields DequantizeLinear reads: anything but the default
+    # runs the general datapath loop, on float64 parameters; the ONNX default changes no path.
+    use_datapath = datapath != ONNX
+    if use_datapath:
+        fast_kernels = False
     fields = dict(
         outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
         block_size=gran.block_size,
@@ -90,19 +117,17 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         small_float_id=x_type.small_float_id if x_type.kind == "small_float" else -1,
         signed16=x_type.name == "int16", out_format=out_type.value_format, fast=fast_kernels,
         # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there).
-        float32_parameters=out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2,
+        float32_parameters=(out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2
+                            and not use_datapath),
+        datapath=use_datapath, rounding=ROUND_CODES[datapath.rounding],
+        scale_precision=_SCALE_PRECISIONS[datapath.scale_precision],
+        flush_inputs=datapath.flush_inputs, flush_outputs=datapath.flush_outputs,
+        canonical_nan=datapath.nan == "canonical",
+        x_min_normal=(_small_float_min_normal(x_type) if use_datapath and x_type.kind == "small_float"
+                      else 0.0),
+        scale_min_normal=_SCALE_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
     )
     return DequantizePlan(where, x_type, out_type, tuple(fields.items()))
-
-
-def _check_datapath(datapath: Datapath) -> None:
-    # DequantizeLinear's product has no quantizer rounding, scale inversion or NaN-to-integer
-    # step; its subnormal policies are not implemented: refused by name, never ignored.
-    for name in ("rounding", "scale", "scale_precision", "nan_to_integer", "subnormals"):
-        value, default = getattr(datapath, name), getattr(ONNX, name)
-        if value != default:
-            raise ValueError(
-                f"DequantizeLinear: datapath.{name}={value!r} is not supported; allowed {default!r}")
 
 
 @in_default_fp_environment
@@ -111,7 +136,8 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
                       opset: int | None = None, out: np.ndarray | None = None,
                       packed: bool = False, dtype: TypeSpec | None = None,
                       shape: Shape | None = None, n_threads: int | None = None,
-                      datapath: Datapath | None = None) -> np.ndarray:
+                      datapath: Datapath | None = None,
+                      random_bits: np.ndarray | None = None) -> np.ndarray:
     """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
 
     `opset` selects the version (None: 28). The output type is float32 (10, 13), the
@@ -123,11 +149,15 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     x_zero_point's type); sub-byte codes are unpacked piece by piece, never as a whole
     array. `n_threads` overrides the default thread count; the bits never depend on it.
 
-    `datapath` (a `qemu_q.Datapath`): the ONNX one only for now (its `nan` and `accumulator`
-    do not apply here); other options raise a ValueError (docs/semantics.md, "Datapath
-    options").
+    `datapath` (a `qemu_q.Datapath`, None: ONNX) reads `rounding` (of the product to the
+    output type), `scale_precision` (a wider precision the product is first rounded to),
+    `nan` ("canonical": one NaN code per output type) and `subnormals` (flush the small-float
+    codes and the scale, and/or the result); `scale`, `nan_to_integer`, `accumulator` and
+    `requantization` describe steps DequantizeLinear has not and are ignored.
+    rounding="stochastic" takes `random_bits=`, a uint32 array of x's shape (one word per
+    element, C order). docs/semantics.md, "Datapath options", defines each exactly.
     """
-    _check_datapath(as_datapath(datapath))
+    datapath = datapath_reads(as_datapath(datapath))
     scale = _coerce.as_array(x_scale, "x_scale")
     zero_point = _coerce.optional_array(x_zero_point, "x_zero_point")
     packed = _coerce.flag(packed, "packed")
@@ -150,11 +180,13 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
             raise TypeError(f"{where}: dtype= and shape= describe packed input; pass packed=True")
         codes = _coerce.as_array(x, "x")
         x_spec = (codes.dtype, codes.shape)
+    bits = check_random_bits(random_bits, datapath, x_spec[1], "x")
     plan = cached_plan(dequantize_plan, (
         opset, x_spec, _signature(scale), _signature(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
-        _coerce.output_dtype(output_dtype), _dispatch.FAST_KERNELS,
+        _coerce.output_dtype(output_dtype), _dispatch.FAST_KERNELS, datapath,
     ))
+    extra = {} if bits is None else {"random_bits": bits}
     x_type, out_type = plan.x_type, plan.out_type
     size = math.prod(x_spec[1])
     n_threads = resolve_threads(n_threads, size)
@@ -170,11 +202,35 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     storage = y.reshape(-1).view(out_type.storage)
     written = kernel_output(storage)
     if codes is None:
-        _dispatch.run(Path.DEQUANTIZE_PACKED, raw, *params, written, config, n_threads)
+        _dispatch.run(Path.DEQUANTIZE_PACKED, raw, *params, written, config, n_threads, **extra)
     else:
-        _dispatch.run(Path.DEQUANTIZE, flat_storage(codes, x_type), *params, written, config, n_threads)
+        _dispatch.run(Path.DEQUANTIZE, flat_storage(codes, x_type), *params, written, config, n_threads,
+                      **extra)
     finish_output(storage, written)
     return y
+
+
+def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name: str):
+    """`random_bits=` checked against the datapath and the input's shape (as
+    quantize_linear checks it): a flat, contiguous, aligned uint32 view, or None. The
+    caller's array is read, never written."""
+    if datapath.rounding != "stochastic":
+        if random_bits is not None:
+            raise ValueError(
+                f"random_bits is given but datapath.rounding={datapath.rounding!r}; only "
+                "rounding='stochastic' takes random bits")
+        return None
+    if random_bits is None:
+        raise ValueError(f"datapath.rounding='stochastic' needs random_bits=, a uint32 array of "
+                         f"{input_name}'s shape")
+    if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
+        raise TypeError(
+            f"random_bits must be a numpy uint32 array, got "
+            f"{getattr(random_bits, 'dtype', type(random_bits).__name__)}")
+    if random_bits.shape != tuple(shape):
+        raise ValueError(f"random_bits has shape {random_bits.shape}; {input_name} has shape "
+                         f"{tuple(shape)} (one word per element)")
+    return np.require(random_bits, requirements=["C", "A"]).reshape(-1)
 
 
 @register("DequantizeLinear")
