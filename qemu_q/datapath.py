@@ -9,7 +9,7 @@ options", defines each option exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields as _dataclass_fields, replace
 
 ROUNDINGS = ("half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up",
              "to_odd", "stochastic")
@@ -27,6 +27,45 @@ REQUANTIZATIONS = (None, "exact", "float32", "float64")
 
 # Kernel codes (pyx/_codecs.pxd, DatapathRounding and friends): the index in the tuples above.
 ROUND_CODES = {name: code for code, name in enumerate(ROUNDINGS)}
+
+
+# The ops a by_version entry may name: those that take datapath= and have versions.
+VERSIONED_OPS = ("QuantizeLinear", "DequantizeLinear", "Cast", "CastLike", "MatMulInteger",
+                 "ConvInteger", "QLinearMatMul", "QLinearConv")
+
+
+def _freeze_by_version(entries) -> tuple:
+    allowed = ("a sequence of (op_type, first_version, last_version, {field: value}) entries, "
+               f"op_type one of {', '.join(VERSIONED_OPS)}")
+    if isinstance(entries, (str, bytes, dict)) or not isinstance(entries, (tuple, list)):
+        raise ValueError(f"Datapath: by_version={entries!r}; allowed {allowed}")
+    frozen = []
+    for entry in entries:
+        if isinstance(entry, (str, bytes, dict)) or not isinstance(entry, (tuple, list)) or len(entry) != 4:
+            raise ValueError(f"Datapath: by_version entry {entry!r}; allowed {allowed}")
+        op_type, first, last, overrides = entry
+        if not isinstance(op_type, str) or op_type not in VERSIONED_OPS:
+            raise ValueError(f"Datapath: by_version op_type={op_type!r}; allowed "
+                             f"{', '.join(VERSIONED_OPS)}")
+        for name, version in (("first_version", first), ("last_version", last)):
+            if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+                raise ValueError(f"Datapath: by_version {name}={version!r}; allowed an int >= 1")
+        if first > last:
+            raise ValueError(f"Datapath: by_version versions {first}..{last}; first_version "
+                             "must not exceed last_version")
+        pairs = overrides.items() if isinstance(overrides, dict) else overrides
+        try:
+            pairs = tuple((name, value) for name, value in pairs)
+        except (TypeError, ValueError):
+            raise ValueError(f"Datapath: by_version overrides {overrides!r}; allowed a mapping "
+                             "of Datapath fields") from None
+        names = [f.name for f in _dataclass_fields(Datapath) if f.name != "by_version"]
+        for name, _ in pairs:
+            if name not in names:
+                raise ValueError(f"Datapath: by_version field {name!r}; allowed {', '.join(names)}")
+        Datapath(**dict(pairs))  # each value checked by the field's own rule
+        frozen.append((op_type, first, last, tuple(sorted(pairs))))
+    return tuple(frozen)
 
 
 def _check(name: str, value, allowed: tuple) -> None:
@@ -55,6 +94,12 @@ class Datapath:
     requantization: QLinearMatMul's and QLinearConv's requantization rule, as their
         `requantization=` takes it ("exact", "float32", "float64"); None (default) leaves it
         to that argument. The other ops ignore it.
+    by_version: fields that hold for some versions of one op only, as a tuple of entries
+        (op_type, first_version, last_version, {field: value, ...}): where the op's resolved
+        version (its since-version at the call's opset) lies in [first, last], those fields
+        replace the datapath's own (a peer that divides float16 in float32 at
+        QuantizeLinear-19/21 only, qemu_q.profiles). Entries apply in order; lists and
+        dicts (as JSON gives them) are accepted and frozen. `for_op` resolves them.
     accumulator: the integer ops' accumulator, as their `accumulator=` takes it: "int32"
         (ONNX: wrap modulo 2^32), "x86-u8s8-pairs", "int<N>" / "int<N>-saturate" (N 8..32).
         QuantizeLinear and DequantizeLinear accumulate nothing and ignore it.
@@ -68,6 +113,7 @@ class Datapath:
     subnormals: str = "keep"
     accumulator: str = "int32"
     requantization: str | None = None
+    by_version: tuple = ()
 
     def __post_init__(self):
         _check("rounding", self.rounding, ROUNDINGS)
@@ -77,6 +123,7 @@ class Datapath:
         _check("nan_to_integer", self.nan_to_integer, NANS_TO_INTEGER)
         _check("subnormals", self.subnormals, SUBNORMALS)
         _check("requantization", self.requantization, REQUANTIZATIONS)
+        object.__setattr__(self, "by_version", _freeze_by_version(self.by_version))
         if self.accumulator != "int32":  # (the default needs no parsing: ONNX is built at import)
             from .ops._datapath import parse_accumulator
 
@@ -88,6 +135,20 @@ class Datapath:
             raise ValueError(
                 "Datapath: scale='reciprocal' needs an explicit scale_precision ('float32' or "
                 "'float64'): the precision of the reciprocal and of the product")
+
+    def for_op(self, op_type: str, opset: int | None) -> "Datapath":
+        """The datapath `op_type` runs with at `opset`: the matching by_version entries
+        applied (docs/semantics.md, "Datapath options"); itself when it has none."""
+        if not self.by_version:
+            return self
+        from ._opspec import get_spec
+
+        version = get_spec(op_type, opset).since_version
+        fields = {}
+        for entry_op, first, last, overrides in self.by_version:
+            if entry_op == op_type and first <= version <= last:
+                fields.update(overrides)
+        return replace(self, by_version=(), **fields)
 
     @property
     def is_onnx(self) -> bool:
@@ -106,12 +167,16 @@ class Datapath:
 ONNX = Datapath()
 
 
-def as_datapath(datapath, where: str = "datapath") -> Datapath:
-    """None or a Datapath; anything else is a TypeError naming it."""
+def as_datapath(datapath, where: str = "datapath", op_type: str | None = None,
+                opset: int | None = None) -> Datapath:
+    """None or a Datapath; anything else is a TypeError naming it. With `op_type`, the
+    datapath that op runs with at `opset` (its by_version entries resolved: for_op)."""
     if datapath is None:
         return ONNX
     if not isinstance(datapath, Datapath):
         raise TypeError(f"{where}={datapath!r}; expected a qemu_q.Datapath or None")
+    if op_type is not None:
+        return datapath.for_op(op_type, opset)
     return datapath
 
 

@@ -34,9 +34,6 @@ class Profile:
     datapath: Datapath
     reproduces: tuple[str, ...]
     remainder: MappingProxyType
-    # The op functions that do not take this datapath yet (op type -> the branch that
-    # adds it): cases of these ops cannot be computed under the profile until that merge.
-    pending: MappingProxyType
 
 
 def _frozen(mapping: dict) -> MappingProxyType:
@@ -45,6 +42,8 @@ def _frozen(mapping: dict) -> MappingProxyType:
 
 # Divergence headings of docs/divergences.md (the golden table's keys).
 _REQUANTIZATION = "QLinearMatMul / QLinearConv requantization: float32 and float64 roundings"
+_QL_FLOAT16_ORT = "QL-19/21: float16 x, onnxruntime divides in float32"
+_DQ_TWICE = "DQ: float16 / bfloat16 output rounded twice"
 _U8S8 = ("MatMulInteger / QLinearMatMul u8 x s8: onnxruntime's int16 pair saturation "
          "(AVX2 without VNNI)")
 
@@ -76,33 +75,96 @@ _NO_FIELD_ORT_QL = {
 }
 _NO_FIELD_DQ = {
     "DQ: int32 x beyond 2^24":
-        "the peers convert int32 codes to float32 before the product; DequantizeLinear reads "
-        "no Datapath field for its product yet",
+        "the peers convert int32 codes to float32 before the product: no Datapath field "
+        "rounds an operand to an intermediate type",
     "DQ: float16 / bfloat16 output rounded twice":
-        "the peers round the product to float32 and then to the output type; DequantizeLinear "
-        "reads no Datapath field for its product yet",
+        "by_version's scale_precision='float32' gives the peer's float32 product rounded to "
+        "the output type, but for int32 codes beyond 2^24 with a bfloat16 output, which it "
+        "converts to float32 before the product (the int32 entry)",
 }
 
-onnxruntime_cpu = Datapath(requantization="float32")
+_NO_FIELD_CAST = {
+    "Cast float -> int4/uint4/int2/uint2: rounding":
+        "the peers truncate toward zero into the sub-byte integers but round to nearest into "
+        "the float types: the datapath's rounding is one mode for every Cast target",
+    "Cast float -> integer: out of range, +-inf and NaN":
+        "the peers' out-of-range, infinite and NaN results are their C/numpy conversion's "
+        "(wrap-around, INT_MIN, 0x80...), not a rounding, saturation or NaN rule a Datapath "
+        "field says",
+    "Cast float64 -> a narrower float: the peers round twice, through float32":
+        "the peers convert float64 to float32 before the target type; Cast reads no "
+        "precision field (scale_precision is a quotient's or product's precision)",
+    "Cast integer beyond 2^24 -> bfloat16 / float8e8m0: the peers round through float32":
+        "the peers convert the integer to float32 first: no Datapath field rounds a Cast's "
+        "input to an intermediate type",
+    "Cast-19/21/23 FNUZ saturate=1: +-inf":
+        "the peers apply Cast-24's rows at every opset: the Cast table of a version is no "
+        "Datapath field",
+    "Cast between float types: signalling NaN payloads":
+        "the peers keep or drop NaN payload bits as their conversion does; nan='canonical' "
+        "writes one NaN, which is neither",
+    "Cast float8e5m2 -> float8e5m2: the peers keep codes":
+        "the peers skip a same-type cast; no Datapath field skips an op",
+}
+
+_NO_FIELD_CAST_ORT = {
+    "Cast bfloat16 -NaN into float8 with saturate=0: onnxruntime drops the sign":
+        "only bfloat16 -NaN with saturate=0 loses its sign (with saturate=1 it keeps it): "
+        "nan='canonical' would change every other NaN too",
+    "Cast e4m3fn saturate=0: onnxruntime 448 for 480 <= |x| < 496":
+        "a defect of onnxruntime's conversion, not a rounding or overflow rule",
+    "Cast e5m2 saturate=0: onnxruntime NaN for 61440 <= |x| < 65536":
+        "a defect of onnxruntime's conversion (NaN where the rounding overflows below 65536)",
+    "Cast e5m2: onnxruntime NaN codes 0x7F / 0xFF":
+        "onnxruntime writes the all-ones mantissa with the NaN's sign; nan='canonical' is "
+        "0x7F for both signs",
+    "Cast float8 -0 and float8e8m0 -> bool: onnxruntime":
+        "onnxruntime reads -0 as True and 2^-127 as False: a conversion defect, not a "
+        "datapath step",
+    "CastLike round_mode: onnxruntime rounds up":
+        "onnxruntime's CastLike does not pass round_mode on; the datapath's rounding does not "
+        "govern float8e8m0 (round_mode does)",
+}
+
+_NO_FIELD_CAST_REFERENCE = {
+    "Cast float4e2m1 / float6: NaN with the sign bit (onnx.reference)":
+        "ml_dtypes maps NaN to a zero of the opposite sign in formats without NaN; the nan "
+        "field chooses NaN codes of formats that have them",
+    "Cast float8e8m0: onnx.reference's range rows, round-up and negative inputs":
+        "onnx.reference's e8m0 conversion departs from the table row by row; the datapath's "
+        "rounding does not govern float8e8m0 (round_mode does)",
+}
+
+# Where a peer forms a product or quotient in float32 at some versions only.
+_FLOAT32_DQ_PRODUCT = ("DequantizeLinear", 1, 28, (("scale_precision", "float32"),))
+_FLOAT32_QL_19_21 = ("QuantizeLinear", 19, 21, (("scale_precision", "float32"),))
+
+onnxruntime_cpu = Datapath(requantization="float32",
+                           by_version=(_FLOAT32_QL_19_21, _FLOAT32_DQ_PRODUCT))
 """onnxruntime 1.32, CPUExecutionProvider, on an x86 CPU with VNNI (VPDPBUSD: u8 x s8
 products accumulate in int32, as qemu_q's default): QLinearMatMul / QLinearConv requantize
-by `fl32(fl32(acc) * fl32(multiplier))` ("float32")."""
+by `fl32(fl32(acc) * fl32(multiplier))` ("float32"); QuantizeLinear-19/21 divides float16
+operands in float32; DequantizeLinear forms its product in float32 and rounds it to a
+float16 / bfloat16 output after."""
 
 onnxruntime_cpu_avx2 = dataclasses.replace(onnxruntime_cpu, accumulator="x86-u8s8-pairs")
 """onnxruntime 1.32 on an x86 CPU with AVX2 and without VNNI: `onnxruntime_cpu` with the u8 x
 s8 products summed in pairs with int16 saturation (VPMADDUBSW)."""
 
-onnx_reference = Datapath(requantization="float64")
+onnx_reference = Datapath(requantization="float64", by_version=(_FLOAT32_DQ_PRODUCT,))
 """onnx.reference (`ReferenceEvaluator`, onnx 1.23): QLinearMatMul / QLinearConv requantize
-in float64 and add the zero point before rounding ("float64")."""
+in float64 and add the zero point before rounding ("float64"); DequantizeLinear forms its
+product in float32 and rounds it to a float16 / bfloat16 output after."""
 
 _NO_DATAPATH_DYNAMIC = (
     "DynamicQuantizeLinear takes no datapath= (issue 15 gives it none): its cases are the "
     "ONNX default under every profile")
 
 _ORT_REMAINDER = {
-    **_NO_FIELD_ORT_QL,
-    **_NO_FIELD_DQ,
+    **{h: r for h, r in _NO_FIELD_ORT_QL.items() if h != _QL_FLOAT16_ORT},
+    "DQ: int32 x beyond 2^24": _NO_FIELD_DQ["DQ: int32 x beyond 2^24"],
+    **_NO_FIELD_CAST,
+    **_NO_FIELD_CAST_ORT,
     "DynamicQuantizeLinear: NaN in x": _NO_DATAPATH_DYNAMIC,
 }
 
@@ -129,6 +191,8 @@ _REFERENCE_REMAINDER = {
         "ml_dtypes maps NaN to a zero of the opposite sign in formats without NaN; the nan "
         "field chooses NaN codes of formats that have them",
     **_NO_FIELD_DQ,
+    **{h: r for h, r in _NO_FIELD_CAST.items() if h != "Cast bfloat16 -NaN into float8 with saturate=0: onnxruntime drops the sign"},
+    **_NO_FIELD_CAST_REFERENCE,
     "DynamicQuantizeLinear: all-zero or empty x": _NO_DATAPATH_DYNAMIC,
     "DynamicQuantizeLinear: NaN in x": _NO_DATAPATH_DYNAMIC,
     "QLinearMatMul-21 float8 operands: onnx.reference truncates them to integers":
@@ -136,24 +200,18 @@ _REFERENCE_REMAINDER = {
         "truncates the operands",
 }
 
-_PENDING = {
-    "Cast": "dqcast", "CastLike": "dqcast",  # cast / cast_like take no datapath= yet
-    "MX": "mxint", "NVFP4": "mxint",  # mx_quantize / nvfp4_quantize take no datapath= yet
-}
-
 PROFILES = {
     "onnxruntime_cpu": Profile(
         name="onnxruntime_cpu", peer="onnxruntime", datapath=onnxruntime_cpu,
-        reproduces=(_REQUANTIZATION,), remainder=_frozen(_ORT_REMAINDER),
-        pending=_frozen(_PENDING)),
+        reproduces=(_REQUANTIZATION, _QL_FLOAT16_ORT, _DQ_TWICE),
+        remainder=_frozen(_ORT_REMAINDER)),
     "onnxruntime_cpu_avx2": Profile(
         name="onnxruntime_cpu_avx2", peer="onnxruntime", datapath=onnxruntime_cpu_avx2,
-        reproduces=(_REQUANTIZATION, _U8S8), remainder=_frozen(_ORT_REMAINDER),
-        pending=_frozen(_PENDING)),
+        reproduces=(_REQUANTIZATION, _QL_FLOAT16_ORT, _DQ_TWICE, _U8S8),
+        remainder=_frozen(_ORT_REMAINDER)),
     "onnx_reference": Profile(
         name="onnx_reference", peer="onnx.reference", datapath=onnx_reference,
-        reproduces=(_REQUANTIZATION,), remainder=_frozen(_REFERENCE_REMAINDER),
-        pending=_frozen(_PENDING)),
+        reproduces=(_REQUANTIZATION,), remainder=_frozen(_REFERENCE_REMAINDER)),
 }
 
 

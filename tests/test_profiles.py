@@ -1,7 +1,6 @@
 """Peer profiles (qemu_q.profiles): each reproduces its peer's bits on every golden case
 where the peer runs, except its listed remainder (docs/divergences.md, "Peer profiles");
-every remainder entry still differs; the ops that do not take the profile yet are listed
-apart (pending merges) and still refuse it. The peers' outputs are the session's
+every remainder entry still differs. The peers' outputs are the session's
 `golden_peer_runs` (tests/conftest.py), shared with tests/test_golden.py."""
 
 import dataclasses
@@ -61,10 +60,18 @@ def test_importable_as_qemu_q_profiles():
 
 
 def test_profile_fields():
-    assert profiles.onnxruntime_cpu == Datapath(requantization="float32")
-    assert profiles.onnxruntime_cpu_avx2 == Datapath(requantization="float32",
-                                                     accumulator="x86-u8s8-pairs")
-    assert profiles.onnx_reference == Datapath(requantization="float64")
+    float32_ql = ("QuantizeLinear", 19, 21, {"scale_precision": "float32"})
+    float32_dq = ("DequantizeLinear", 1, 28, {"scale_precision": "float32"})
+    assert profiles.onnxruntime_cpu == Datapath(requantization="float32",
+                                                by_version=(float32_ql, float32_dq))
+    assert profiles.onnxruntime_cpu_avx2 == Datapath(
+        requantization="float32", accumulator="x86-u8s8-pairs", by_version=(float32_ql, float32_dq))
+    assert profiles.onnx_reference == Datapath(requantization="float64", by_version=(float32_dq,))
+    # resolved per version: float32 division at QuantizeLinear-19/21 only
+    assert profiles.onnxruntime_cpu.for_op("QuantizeLinear", 20).scale_precision == "float32"
+    assert profiles.onnxruntime_cpu.for_op("QuantizeLinear", 23).scale_precision is None
+    assert profiles.onnxruntime_cpu.for_op("QuantizeLinear", 13).scale_precision is None
+    assert profiles.onnx_reference.for_op("QuantizeLinear", 21).scale_precision is None
     for name, profile in profiles.PROFILES.items():
         assert profile.name == name
         assert getattr(profiles, name) is profile.datapath
@@ -90,8 +97,6 @@ def test_tables_name_documented_headings(name):
         assert heading in table_headings, heading  # so the golden cases can show it
         assert isinstance(reason, str) and len(reason) > 30, heading
     assert not set(profile.reproduces) & set(profile.remainder)
-    for op_type in profile.pending:
-        assert op_type in golden.OPS
 
 
 @pytest.mark.parametrize("name", sorted(profiles.PROFILES))
@@ -111,8 +116,6 @@ def test_profiles_section_documents_every_profile():
         words = " ".join(section[start:end if end > 0 else None].split())  # lines rewrapped
         for heading in (*profile.reproduces, *profile.remainder):
             assert f'"{heading}"' in words, (name, heading)
-        for op_type, branch in profile.pending.items():
-            assert f"{op_type} ({branch})" in words, (name, op_type)
     api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     for name in profiles.PROFILES:
         assert f"profiles.{name}" in api, name
@@ -124,22 +127,19 @@ def test_profiles_section_documents_every_profile():
 
 @pytest.fixture(scope="module")
 def profile_results(golden_suite, golden_peer_runs):
-    """peer -> {"match": [...], "mismatch": {case: headings}, "pending": {op: [cases]},
+    """peer -> {"match": [...], "mismatch": {case: headings},
     "shown": {heading}, "reproduced": {heading: [(case, same)]}} for the peer's profile on
     this machine."""
     results = {}
     for peer in (golden.REFERENCE, golden.ONNXRUNTIME):
         profile = peer_profile(peer)
-        found = {"match": [], "mismatch": {}, "pending": defaultdict(list), "shown": set(),
+        found = {"match": [], "mismatch": {}, "shown": set(),
                  "reproduced": defaultdict(list)}
         for case in golden_suite:
             status, outputs = golden_peer_runs[(peer, case.name)]
             if status != "ran":
                 continue
             config = case.config
-            if config.op_type in profile.pending:
-                found["pending"][config.op_type].append(case.name)
-                continue
             if config.op_type in datapaths.NO_DATAPATH_OPS:
                 mine = case  # the op takes no datapath: its ONNX bits
             else:
@@ -166,8 +166,11 @@ def test_profile_reproduces_the_peer_outside_its_remainder(profile_results, peer
     unexplained = [f"{name}: {headings or 'no divergence row'}"
                    for name, headings in found["mismatch"].items()
                    if not set(headings) & set(profile.remainder)]
+    headings = sorted({h for name, hs in found["mismatch"].items()
+                       if not set(hs) & set(profile.remainder) for h in hs or ["(none)"]})
     assert not unexplained, (f"{profile.name} differs from {peer} on {len(unexplained)} cases "
-                             "outside its remainder:\n" + "\n".join(unexplained[:30]))
+                             f"outside its remainder, under the headings {headings}:\n"
+                             + "\n".join(unexplained[:30]))
     assert len(found["match"]) > 1000
 
 
@@ -191,18 +194,6 @@ def test_reproduced_rows_match_on_every_case(profile_results, peer):
         cases = profile_results[peer]["reproduced"][heading]
         assert cases, (profile.name, heading)
         assert all(same for _name, same in cases), (profile.name, heading, cases[:5])
-
-
-@pytest.mark.parametrize("name", sorted(profiles.PROFILES))
-def test_pending_ops_still_refuse_the_profile(name):
-    """The pending rows: the op does not take the datapath yet (branches dqcast, mxint).
-    When the merge makes one take it, this fails: remove the row, and list the peer's
-    remaining divergences of that op in the remainder."""
-    profile = profiles.PROFILES[name]
-    for op_type in profile.pending:
-        config = next(golden.iter_configs(golden.Selection(ops=(op_type,))))
-        with pytest.raises(datapaths.DatapathNotTaken, match="takes no datapath= yet"):
-            golden.build_case(config, datapath=profile.datapath)
 
 
 # --------------------------------------------------------------------------------------
@@ -346,22 +337,6 @@ def test_call_op_passes_the_datapath():
     assert len(seen) == 2
 
 
-def test_call_op_refuses_a_datapath_the_function_lacks():
-    """PENDING MERGE (dqcast, mxint): the block of call_op this tests goes at the merge,
-    and this test with it."""
-    called = []
-
-    def lacks(x):
-        called.append(x)
-        return x
-
-    assert datapaths.call_op(lacks, 2, datapath=Datapath()) == 2 and called == [2]
-    with pytest.raises(datapaths.DatapathNotTaken, match=r"lacks takes no datapath= yet.*"
-                       r"rounding='half_away'"):
-        datapaths.call_op(lacks, 3, datapath=Datapath(rounding="half_away"))
-    assert called == [2]
-
-
 def test_dynamic_quantize_linear_never_takes_a_datapath():
     config = next(golden.iter_configs(golden.Selection(ops=("DynamicQuantizeLinear",))))
     with pytest.raises(datapaths.DatapathNotTaken, match="DynamicQuantizeLinear takes no datapath="):
@@ -374,3 +349,59 @@ def test_dataclass_replace_keeps_profiles_immutable():
         profiles.onnxruntime_cpu.requantization = "exact"
     with pytest.raises(TypeError):
         profiles.PROFILES["onnx_reference"].remainder["x"] = "y"
+
+
+# --------------------------------------------------------------------------------------
+# Datapath.by_version: fields for some versions of one op
+
+
+def test_by_version_is_validated_and_frozen():
+    entry = ["QuantizeLinear", 19, 21, {"scale_precision": "float32"}]
+    datapath = Datapath(by_version=[entry])  # lists and dicts, as JSON gives them
+    assert datapath.by_version == (("QuantizeLinear", 19, 21, (("scale_precision", "float32"),)),)
+    hash(datapath)
+    for bad, match in [
+            ("x", "by_version='x'"),
+            ([["Foo", 1, 2, {}]], "op_type='Foo'"),
+            ([["QuantizeLinear", 3, 2, {}]], "3..2"),
+            ([["QuantizeLinear", 0, 2, {}]], "first_version=0"),
+            ([["QuantizeLinear", True, 2, {}]], "first_version=True"),
+            ([["QuantizeLinear", 1, 2, {"bogus": "x"}]], "field 'bogus'"),
+            ([["QuantizeLinear", 1, 2, {"by_version": ()}]], "field 'by_version'"),
+            ([["QuantizeLinear", 1, 2, {"rounding": "nearest"}]], "rounding='nearest'"),
+            ([["QuantizeLinear", 1, 2]], "entry")]:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            Datapath(by_version=bad)
+
+
+def test_by_version_resolves_at_the_op_version():
+    datapath = Datapath(rounding="half_away", by_version=[
+        ("QuantizeLinear", 19, 21, {"scale_precision": "float32"}),
+        ("QuantizeLinear", 21, 28, {"rounding": "toward_zero"})])
+    assert datapath.for_op("QuantizeLinear", 20) == Datapath(rounding="half_away",
+                                                             scale_precision="float32")
+    assert datapath.for_op("QuantizeLinear", 22) == Datapath(rounding="toward_zero",
+                                                             scale_precision="float32")
+    assert datapath.for_op("QuantizeLinear", None) == Datapath(rounding="toward_zero")
+    assert datapath.for_op("QuantizeLinear", 13) == Datapath(rounding="half_away")
+    assert datapath.for_op("DequantizeLinear", 21) == Datapath(rounding="half_away")
+    assert Datapath().for_op("QuantizeLinear", 21) is not None
+
+
+def test_by_version_reaches_quantize_linear():
+    """QuantizeLinear resolves the entry at its version: at 19 and 21 the float32 division
+    (which differs from the version's own on these float16 inputs: checked), at 23 and 25
+    the datapath without it."""
+    rng = np.random.default_rng(15)
+    x = (rng.standard_normal(4096) * 2).astype(np.float16)
+    scale = np.float16(0.0123)
+    zero_point = np.int8(0)
+    split = Datapath(by_version=[("QuantizeLinear", 19, 21, {"scale_precision": "float32"})])
+    float32 = Datapath(scale_precision="float32")
+    for opset, explicit in ((19, float32), (21, float32), (23, Datapath()), (25, Datapath())):
+        got = qemu_q.quantize_linear(x, scale, zero_point, opset=opset, datapath=split)
+        want = qemu_q.quantize_linear(x, scale, zero_point, opset=opset, datapath=explicit)
+        assert got.view(np.uint8).tolist() == want.view(np.uint8).tolist(), opset
+        if explicit is float32:
+            default = qemu_q.quantize_linear(x, scale, zero_point, opset=opset)
+            assert got.view(np.uint8).tolist() != default.view(np.uint8).tolist(), opset

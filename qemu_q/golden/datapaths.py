@@ -59,6 +59,11 @@ def parse_datapath(value, where: str = "datapath") -> Datapath:
         if key not in FIELDS:
             raise DatapathFileError(f"{where}: unknown key {key!r} (value {field_value!r}); "
                                     f"Datapath fields: {', '.join(FIELDS)}")
+        if key == "by_version":
+            if not isinstance(field_value, list):
+                raise DatapathFileError(f"{where}: by_version={field_value!r}; expected a list "
+                                        "of [op_type, first_version, last_version, {field: value}]")
+            continue
         if field_value is not None and not isinstance(field_value, str):
             raise DatapathFileError(f"{where}: {key}={field_value!r}; expected a string or null")
     try:
@@ -101,21 +106,6 @@ def call_op(function, *args, datapath: Datapath | None = None, random_bits=None,
             raise DatapathNotTaken(f"{_name(function)} takes no random_bits=: it cannot run "
                                    "datapath rounding='stochastic'")
         kwargs["random_bits"] = random_bits
-    # BEGIN pending merges (branches dqcast and mxint). On this branch cast / cast_like
-    # (dqcast) and mx_quantize / nvfp4_quantize (mxint) have no datapath= yet: the default
-    # reaches them without it, any other datapath is refused by name; and QLinearMatMul /
-    # QLinearConv do not read datapath.requantization yet (mxint): it reaches them as
-    # requantization=. The merge deletes everything down to END.
-    parameters = _parameters(function)
-    if "datapath" not in parameters:
-        if not datapath.is_onnx:
-            field = next(f for f in FIELDS if getattr(datapath, f) != getattr(ONNX, f))
-            raise DatapathNotTaken(f"{_name(function)} takes no datapath= yet: it cannot run "
-                                   f"datapath {field}={getattr(datapath, field)!r}")
-        return function(*args, **kwargs)
-    if datapath.requantization is not None and "requantization" in parameters:
-        kwargs["requantization"] = datapath.requantization
-    # END pending merges
     return function(*args, datapath=datapath, **kwargs)
 
 

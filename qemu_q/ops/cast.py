@@ -159,7 +159,7 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
 
 def _run(op_type: str, x, to: ElementType, saturate, round_mode, opset, out, n_threads,
          datapath, random_bits):
-    datapath = datapath_reads(as_datapath(datapath))
+    datapath = datapath_reads(as_datapath(datapath, op_type=op_type, opset=normalize_opset(opset)))
     bits = check_random_bits(random_bits, datapath, x.shape, "x")
     plan = cached_plan(cast_plan, (
         op_type, opset, _signature(x), to,

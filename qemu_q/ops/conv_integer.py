@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..datapath import Datapath, integer_op_accumulator, qlinear_options
+from ..datapath import Datapath, as_datapath, integer_op_accumulator, qlinear_options
 from .. import _coerce
 from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
@@ -266,7 +266,9 @@ def conv_integer(x: Array, w: Array, x_zero_point: Array | None = None,
     exact products, sums wrapped modulo 2**32; padding carries the zero point. The
     "x86-u8s8-pairs" accumulator changes nothing here; "int<N>" / "int<N>-saturate"
     (N in 8..32) sum in k order through an N-bit register (docs/semantics.md)."""
-    accumulator = integer_op_accumulator(datapath, accumulator, "ConvInteger")
+    accumulator = integer_op_accumulator(
+        as_datapath(datapath, op_type="ConvInteger", opset=normalize_opset(opset)), accumulator,
+        "ConvInteger")
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     accumulator, _ = dp.parse_accumulator(accumulator)
@@ -291,7 +293,8 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     """ONNX QLinearConv-10: the ConvInteger accumulator plus the int32 bias B, requantized by
     `requantization` ("exact", the default; "float32": onnxruntime; "float64":
     onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md)."""
-    requantization, accumulator, *output = qlinear_options(datapath, requantization, accumulator,
+    requantization, accumulator, *output = qlinear_options(
+        as_datapath(datapath, op_type="QLinearConv", opset=normalize_opset(opset)), requantization, accumulator,
                                                            "QLinearConv")
     output = tuple(output)
     resolve_threads(n_threads, 0)  # validated even when the output is empty

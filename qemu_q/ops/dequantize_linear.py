@@ -157,7 +157,8 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     rounding="stochastic" takes `random_bits=`, a uint32 array of x's shape (one word per
     element, C order). docs/semantics.md, "Datapath options", defines each exactly.
     """
-    datapath = datapath_reads(as_datapath(datapath))
+    datapath = datapath_reads(as_datapath(datapath, op_type="DequantizeLinear",
+                                          opset=normalize_opset(opset)))
     scale = _coerce.as_array(x_scale, "x_scale")
     zero_point = _coerce.optional_array(x_zero_point, "x_zero_point")
     packed = _coerce.flag(packed, "packed")

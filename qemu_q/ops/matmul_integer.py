@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..datapath import Datapath, integer_op_accumulator, qlinear_options
+from ..datapath import Datapath, as_datapath, integer_op_accumulator, qlinear_options
 from .. import _coerce
 from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
@@ -179,7 +179,9 @@ def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None,
     `accumulator="x86-u8s8-pairs"` models onnxruntime's VPMADDUBSW (uint8 a, int8 b);
     "int<N>" / "int<N>-saturate" (N in 8..32, e.g. "int32-saturate", "int16") a MAC
     array's N-bit register wrapping or saturating after every addition, k in order."""
-    accumulator = integer_op_accumulator(datapath, accumulator, "MatMulInteger")
+    accumulator = integer_op_accumulator(
+        as_datapath(datapath, op_type="MatMulInteger", opset=normalize_opset(opset)), accumulator,
+        "MatMulInteger")
     resolve_threads(n_threads, 0)  # validated even when the output is empty
     opset = normalize_opset(opset)
     accumulator, _ = dp.parse_accumulator(accumulator)
@@ -206,7 +208,8 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     "exact" (the real value rounded once, ties to even; the default), "float32"
     (onnxruntime's float32 multiplier and product), "float64" (onnx.reference's order).
     float8 operands (opset >= 21) are summed exactly (docs/semantics.md)."""
-    requantization, accumulator, *output = qlinear_options(datapath, requantization, accumulator,
+    requantization, accumulator, *output = qlinear_options(
+        as_datapath(datapath, op_type="QLinearMatMul", opset=normalize_opset(opset)), requantization, accumulator,
                                                            "QLinearMatMul")
     output = tuple(output)
     resolve_threads(n_threads, 0)  # validated even when the output is empty

@@ -179,7 +179,7 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
     scale = _coerce.as_array(y_scale, "y_scale")
     zero_point = _coerce.optional_array(y_zero_point, "y_zero_point")
     packed = _coerce.flag(packed, "packed")
-    datapath = as_datapath(datapath)
+    datapath = as_datapath(datapath, op_type="QuantizeLinear", opset=normalize_opset(opset))
     bits = _random_bits(random_bits, datapath, x)
     plan = cached_plan(quantize_plan, (
         normalize_opset(opset), _signature(x), _signature(scale), _signature(zero_point),
