@@ -14,7 +14,8 @@ from .._buffers import (
     LITTLE_ENDIAN, finish_output, flat_storage, kernel_output, packed_input, prepare_output,
 )
 from .._dispatch import Path
-from .._dtypes import ELEMENT_TYPES, FMT_FLOAT32, array_element_type
+from .._dtypes import ELEMENT_TYPES, FMT_FLOAT32, ElementType, array_element_type, element_type
+from ..codecs import PACKABLE_BITS, check_codes, is_family, zero_codes_as_values
 from .._opspec import get_spec, normalize_opset
 from .._params import check_zero_point_values, kernel_parameters
 from .._registry import register
@@ -39,6 +40,18 @@ def decode_table(type_name: str) -> np.ndarray:
     return table
 
 
+@lru_cache(maxsize=64)
+def family_decode_table(etype: ElementType) -> np.ndarray:
+    """decode_table for an 8-bit-stored codec-family type (qemu_q/codecs.py): the byte
+    of each stored code, as the storage holds it (sign-extended integer values)."""
+    if etype.kind == "small_float":
+        table = _dequantize.decode_table(etype.small_float_id)
+    else:
+        table = etype.code_values(np.arange(256)).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
 @dataclass(frozen=True)
 class DequantizePlan(_dispatch.KernelPlan):
     # kernel_fields: pyx/_dequantize.pyx's DequantizeConfig.
@@ -48,7 +61,8 @@ class DequantizePlan(_dispatch.KernelPlan):
 
 @lru_cache(maxsize=512)
 def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
-                    block_size, output_dtype, fast_kernels) -> DequantizePlan:
+                    block_size, output_dtype, fast_kernels,
+                    x_family: ElementType | None = None) -> DequantizePlan:
     # As quantize_plan: validated once per signature.
     x, scale = ArraySpec(*x_signature), ArraySpec(*scale_signature)
     zero_point = ArraySpec.of_signature(zp_signature)
@@ -58,11 +72,17 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     check_attribute(spec, opset, "block_size", block_size, 0)
     check_attribute(spec, opset, "output_dtype", output_dtype, None)
 
-    x_type = array_element_type(x, "x")
+    # x_family: codes of a codec-family type (x_dtype=), stored as its dtype says
+    x_type = array_element_type(x, "x") if x_family is None else x_family
     scale_type = array_element_type(scale, "x_scale")
-    check_type(spec, opset, "x", x_type)
+    if x_family is None:
+        check_type(spec, opset, "x", x_type)
     check_type(spec, opset, "x_scale", scale_type)
-    if zero_point is not None:
+    if zero_point is not None and x_family is not None:
+        if zero_point.dtype != x_type.dtype:
+            raise TypeError(f"{where}: x_zero_point of {x_type.name} codes must be stored as x is "
+                            f"({x_type.dtype}), got {zero_point.dtype}")
+    elif zero_point is not None:
         zp_type = array_element_type(zero_point, "x_zero_point")
         if zp_type is not x_type:
             raise TypeError(f"{where}: x_zero_point must have the type of x ({x_type.name}), got {zp_type.name}")
@@ -82,15 +102,20 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
         block_size=gran.block_size,
         # 16- and 32-bit codes are decoded arithmetically; the table is unused there.
-        table=decode_table(x_type.name if x_type.storage.itemsize == 1 else "uint8"),
-        code_size=x_type.storage.itemsize, code_bits=x_type.bits,
+        table=(family_decode_table(x_type) if x_family is not None and x_type.storage.itemsize == 1
+               else decode_table(x_type.name if x_type.storage.itemsize == 1 else "uint8")),
+        code_size=x_type.storage.itemsize,
+        code_bits=x_type.bits if x_type.bits in PACKABLE_BITS + (32,) else 8 * x_type.storage.itemsize,
         # Integer codes of 8 bits or fewer, and small floats, are decoded on their bits.
         integer_bits=x_type.bits if integer and x_type.bits <= 8 else 0,
         integer_signed=integer and x_type.signed,
         small_float_id=x_type.small_float_id if x_type.kind == "small_float" else -1,
-        signed16=x_type.name == "int16", out_format=out_type.value_format, fast=fast_kernels,
-        # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there).
-        float32_parameters=out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2,
+        signed16=integer and x_type.signed and x_type.storage.itemsize == 2,
+        out_format=out_type.value_format, fast=fast_kernels,
+        # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there),
+        # but for 16-bit minifloat codes (float64 products, pyx/_dequantize.pyx).
+        float32_parameters=out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2
+        and not (x_type.kind == "small_float" and x_type.storage.itemsize == 2),
     )
     return DequantizePlan(where, x_type, out_type, tuple(fields.items()))
 
@@ -111,7 +136,7 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
                       opset: int | None = None, out: np.ndarray | None = None,
                       packed: bool = False, dtype: TypeSpec | None = None,
                       shape: Shape | None = None, n_threads: int | None = None,
-                      datapath: Datapath | None = None) -> np.ndarray:
+                      datapath: Datapath | None = None, x_dtype: TypeSpec | None = None) -> np.ndarray:
     """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
 
     `opset` selects the version (None: 28). The output type is float32 (10, 13), the
@@ -126,6 +151,12 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     `datapath` (a `qemu_q.Datapath`): the ONNX one only for now (its `nan` and `accumulator`
     do not apply here); other options raise a ValueError (docs/semantics.md, "Datapath
     options").
+
+    `x_dtype` (not an ONNX attribute): the element type of the codes x holds, for the codec
+    family (`qemu_q.integer_type`, `qemu_q.minifloat_type`, or their names): x (and
+    x_zero_point) are then arrays of that type's storage dtype (docs/semantics.md, "Codec
+    family"); a stored value that is not a code of the type is a ValueError. With
+    packed=True, `dtype` names the type instead.
     """
     _check_datapath(as_datapath(datapath))
     scale = _coerce.as_array(x_scale, "x_scale")
@@ -134,7 +165,11 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     opset = normalize_opset(opset)
     raw = None
     codes: np.ndarray | None
-    if packed:
+    family = _family_input(x, x_dtype, packed, dtype, shape, opset)
+    if family is not None:
+        codes = family[1]
+        x_spec = (codes.dtype, codes.shape)
+    elif packed:
         x_type, x_shape, raw = packed_input(x, dtype, shape, zero_point,
                                             label(get_spec("DequantizeLinear", opset), opset))
         if x_type.packed:
@@ -154,7 +189,7 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
         opset, x_spec, _signature(scale), _signature(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.output_dtype(output_dtype), _dispatch.FAST_KERNELS,
-    ))
+    ) + ((family[0],) if family is not None else ()))
     x_type, out_type = plan.x_type, plan.out_type
     size = math.prod(x_spec[1])
     n_threads = resolve_threads(n_threads, size)
@@ -163,6 +198,12 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
                        [("x", codes if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point)])
     if size == 0:
         return y
+    if family is not None:
+        check_codes(codes, x_type, plan.label, "x")
+        if zero_point is not None and x_type.kind == "integer":
+            check_codes(zero_point, x_type, plan.label, "x_zero_point")
+        elif zero_point is not None:
+            zero_point = zero_codes_as_values(zero_point, x_type, plan.label, "x_zero_point")
     check_zero_point_values(zero_point, x_type, plan.label, "x_zero_point")
     config = plan.kernel_config()
     params = kernel_parameters(scale, zero_point, scale.size, 0.0, config.float32_parameters,
@@ -175,6 +216,38 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
         _dispatch.run(Path.DEQUANTIZE, flat_storage(codes, x_type), *params, written, config, n_threads)
     finish_output(storage, written)
     return y
+
+
+def _family_input(x, x_dtype, packed: bool, dtype, shape, opset):
+    """(the family type, its stored codes) when x holds codec-family codes, else None (the
+    ONNX types take the usual path, x_dtype only checked against x)."""
+    where = label(get_spec("DequantizeLinear", opset), opset)
+    if packed:
+        if x_dtype is not None:
+            raise TypeError(f"{where}: with packed=True the element type is dtype=, not x_dtype=")
+        if dtype is None:
+            return None
+        etype = element_type(dtype, "dtype")
+        if not is_family(etype):
+            return None
+        if etype.bits not in PACKABLE_BITS:
+            raise ValueError(f"{where}: packed=True with dtype {etype.name}: codes of {etype.bits} "
+                             f"bits have no ONNX raw_data layout; allowed widths "
+                             f"{', '.join(map(str, PACKABLE_BITS))}")
+        from .._pack import unpack
+
+        codes = unpack(x, etype, shape)
+        return etype, codes
+    if x_dtype is None:
+        return None
+    etype = element_type(x_dtype, "x_dtype")
+    codes = _coerce.as_array(x, "x")
+    if codes.dtype != etype.dtype:
+        raise TypeError(f"{where}: x_dtype={etype.name} codes are stored as {etype.dtype}; x has dtype "
+                        f"{codes.dtype}")
+    if dtype is not None or shape is not None:
+        raise TypeError(f"{where}: dtype= and shape= describe packed input; pass packed=True")
+    return (etype, codes) if is_family(etype) else None
 
 
 @register("DequantizeLinear")
