@@ -107,7 +107,7 @@ def _default_bias(exponent_bits: int, nan: str) -> int:
 def minifloat_type(exponent_bits: int, mantissa_bits: int, bias: int | None = None,
                    inf: bool = False, nan: str = "ieee", negative_zero: bool = True) -> ElementType:
     """A binary floating-point code type: a sign bit, `exponent_bits` (1..8), `mantissa_bits`
-    (0..15 - exponent_bits), the value of a code with exponent field E and mantissa M being
+    (1..15 - exponent_bits), the value of a code with exponent field E and mantissa M being
     (-1)**s * 2**(1 - bias) * M / 2**m if E == 0, else (-1)**s * 2**(E - bias) * (1 + M / 2**m),
     but for the special codes of the NaN convention:
 
@@ -121,7 +121,9 @@ def minifloat_type(exponent_bits: int, mantissa_bits: int, bias: int | None = No
     `bias` defaults to 2**(e-1) - 1, and to 2**(e-1) for "fnuz". Every value must be a
     float32 value: bias 0..127 and the largest finite value below 2**128."""
     e = _int_argument(exponent_bits, "exponent_bits", *EXPONENT_BITS)
-    m = _int_argument(mantissa_bits, "mantissa_bits", 0, MAX_WIDTH - 1 - e)
+    # No mantissa bit: every significand is 1, so ties-to-even and to-odd (IEEE 754's "even
+    # least significant digit") name no neighbour; not expressible (docs/semantics.md).
+    m = _int_argument(mantissa_bits, "mantissa_bits", 1, MAX_WIDTH - 1 - e)
     if not isinstance(nan, str) or nan not in NAN_CONVENTIONS:
         raise ValueError(f"nan={nan!r}; allowed {', '.join(map(repr, NAN_CONVENTIONS))}")
     inf = _flag_argument(inf, "inf")
@@ -134,9 +136,6 @@ def minifloat_type(exponent_bits: int, mantissa_bits: int, bias: int | None = No
         raise ValueError(
             f"negative_zero={negative_zero} with nan={nan!r}: 'fnuz' puts NaN at the negative-zero "
             "code, so it needs negative_zero=False, and only 'fnuz' has no -0")
-    if nan == "ieee" and inf and m == 0:
-        raise ValueError("nan='ieee', inf=True and mantissa_bits=0 leave no NaN code; "
-                         "use inf=False or mantissa_bits >= 1")
     key = (e, m, bias, inf, nan, negative_zero)
     if key in _ONNX_MINIFLOATS:
         return ELEMENT_TYPES[_ONNX_MINIFLOATS[key]]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import qemu_q
+import support
 from qemu_q import Datapath, ELEMENT_TYPES, dequantize_linear, integer_type, minifloat_type, quantize_linear
 
 
@@ -137,29 +138,56 @@ def round_magnitude(M: int, X: int, ulp_exp: int, negative: bool, mode: str, wor
     return whole + 1 if up else whole
 
 
-def encode(spec: Spec, parts, saturate: bool, mode="half_even", word=0, canonical=False) -> int:
-    """The code QuantizeLinear gives for the quotient `parts` (docs/semantics.md, "Codec family")."""
+@lru_cache(maxsize=None)
+def _finite_keys(spec):
+    """{(odd, exponent): magnitude code}: each finite value as odd * 2**exponent (0: (0, 0))."""
+    return {_key(v.numerator, -(v.denominator.bit_length() - 1)): code for v, code in spec.finite.items()}
+
+
+def _key(n, u):
+    if n == 0:
+        return (0, 0)
+    zeros = (n & -n).bit_length() - 1
+    return (n >> zeros, u + zeros)
+
+
+def classify(spec: Spec, parts, mode="half_even", word=0):
+    """The quotient rounded by `mode`: ('code', sign, magnitude code) | ('over', sign) (beyond the
+    largest finite value, or +-inf) | ('nan', sign)."""
     if parts[0] == "nan":
-        return spec.nan_code(parts[1], canonical)
+        return ("nan", parts[1])
     sign = parts[1]
-    if parts[0] == "num" and parts[2] != 0:
-        M, X = parts[2], parts[3]
-        exponent = max(X + M.bit_length() - 1, 1 - spec.bias)
-        u = exponent - spec.m
-        n = round_magnitude(M, X, u, bool(sign), mode, word)
-        value = Fraction(n) * Fraction(2) ** u
-        if value <= spec.max_value:
-            if value == 0:
-                return spec.sign_bit if sign and spec.nan != "fnuz" else 0
-            return spec.finite[value] | (spec.sign_bit if sign else 0)
-    elif parts[0] == "num":  # a zero of x's sign
-        return spec.sign_bit if sign and spec.nan != "fnuz" else 0
-    # overflow or +-inf
+    if parts[0] == "inf":
+        return ("over", sign)
+    M, X = parts[2], parts[3]
+    if M == 0:
+        return ("code", sign, 0)
+    exponent = max(X + M.bit_length() - 1, 1 - spec.bias)
+    u = exponent - spec.m
+    n = round_magnitude(M, X, u, bool(sign), mode, word)
+    code = _finite_keys(spec).get(_key(n, u))
+    # every rounded value at or below the largest finite one is on the format's grid
+    return ("over", sign) if code is None else ("code", sign, code)
+
+
+def finish(spec: Spec, c, saturate: bool, canonical=False) -> int:
+    """The code QuantizeLinear writes (docs/semantics.md, "Codec family")."""
+    if c[0] == "nan":
+        return spec.nan_code(c[1], canonical)
+    sign = c[1]
+    if c[0] == "code":
+        if c[2] == 0:
+            return spec.sign_bit if sign and spec.nan != "fnuz" else 0
+        return c[2] | (spec.sign_bit if sign else 0)
     if saturate or spec.nan == "none":
         return spec.max_code | (spec.sign_bit if sign else 0)
     if spec.inf:
         return spec.inf_code(sign)
     return spec.nan_code(sign, canonical)
+
+
+def encode(spec: Spec, parts, saturate: bool, mode="half_even", word=0, canonical=False) -> int:
+    return finish(spec, classify(spec, parts, mode, word), saturate, canonical)
 
 
 # The formats under test: (qemu_q type, oracle spec, the peer dtype or None).
@@ -173,7 +201,7 @@ MINIFLOATS = {
                     Spec(4, 3, 11, False, "fnuz"), ml_dtypes.float8_e4m3b11fnuz),
     "p3109_binary8p3": (lambda: minifloat_type(5, 2, inf=True, nan="fnuz", negative_zero=False),
                         Spec(5, 2, 16, True, "fnuz"), None),
-    "e3m0_none": (lambda: minifloat_type(3, 0, nan="none"), Spec(3, 0, 3, False, "none"), None),
+    "e3m1_none": (lambda: minifloat_type(3, 1, nan="none"), Spec(3, 1, 3, False, "none"), None),
     "e5m10_inf": (lambda: minifloat_type(5, 10, inf=True), Spec(5, 10, 15, True, "ieee"), np.float16),
     "e8m7_inf": (lambda: minifloat_type(8, 7, inf=True), Spec(8, 7, 127, True, "ieee"), ml_dtypes.bfloat16),
 }
@@ -241,14 +269,14 @@ def test_family_types_are_immutable_hashable_and_named():
     (lambda: integer_type(4, signed="yes"), "signed='yes'"),
     (lambda: minifloat_type(0, 3), "exponent_bits=0; allowed 1..8"),
     (lambda: minifloat_type(9, 3), "exponent_bits=9; allowed 1..8"),
-    (lambda: minifloat_type(5, 11), "mantissa_bits=11; allowed 0..10"),
+    (lambda: minifloat_type(5, 11), "mantissa_bits=11; allowed 1..10"),
     (lambda: minifloat_type(4, 3, nan="quiet"), "nan='quiet'; allowed 'ieee', 'fn', 'fnuz', 'none'"),
     (lambda: minifloat_type(4, 3, bias=200), "bias=200; allowed 0..127"),
     (lambda: minifloat_type(8, 3, bias=100), "bias=100: the largest value"),
     (lambda: minifloat_type(4, 3, inf=True, nan="fn"), "inf=True with nan='fn'"),
     (lambda: minifloat_type(4, 3, nan="fnuz"), "negative_zero=True with nan='fnuz'"),
     (lambda: minifloat_type(4, 3, negative_zero=False), "negative_zero=False with nan='ieee'"),
-    (lambda: minifloat_type(4, 0, inf=True), "leave no NaN code"),
+    (lambda: minifloat_type(4, 0), "mantissa_bits=0; allowed 1..11"),
     (lambda: minifloat_type(1, 2), "leave no normal finite value"),
 ])
 def test_invalid_parameters_are_named(call, message):
@@ -285,7 +313,8 @@ def test_decode_every_code(name):
     y16 = dequantize_linear(codes, np.float32(0.5), x_dtype=etype, output_dtype="float16")
     finite = np.isfinite(y)
     assert np.array_equal(np.isnan(y16), np.isnan(y))
-    ref = (y[finite].astype(np.float64) * 0.5).astype(np.float16)  # one rounding of an exact product
+    with np.errstate(over="ignore"):  # one rounding of an exact product (numpy's is correct)
+        ref = (y[finite].astype(np.float64) * 0.5).astype(np.float16)
     np.testing.assert_array_equal(y16[finite].view(np.uint16), ref.view(np.uint16))
 
 
@@ -296,10 +325,10 @@ def test_quantize_every_input_half_even(name, kind):
     etype = make()
     x = ALL16.view(INPUT_DTYPES[kind])
     scale = np.array(1.0, dtype=INPUT_DTYPES[kind])
-    parts = input_parts(kind)
+    classes = [classify(spec, p) for p in input_parts(kind)]
     for saturate in (1, 0):
         got = as_codes(quantize_linear(x, scale, output_dtype=etype, saturate=saturate))
-        want = np.array([encode(spec, p, bool(saturate)) for p in parts])
+        want = np.array([finish(spec, c, bool(saturate)) for c in classes])
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, (saturate, [(hex(int(ALL16[i])), hex(got[i]), hex(want[i])) for i in bad[:5]])
         if kind == "float16":
@@ -311,19 +340,19 @@ def test_quantize_every_input_half_even(name, kind):
 
 @pytest.mark.parametrize("mode", ["half_away", "toward_zero", "up", "to_odd", "stochastic"])
 @pytest.mark.parametrize("name", ["e3m2", "e4m3_inf", "e5m3_inf", "e4m3b11fnuz", "p3109_binary8p3",
-                                  "e3m0_none", "e8m7_inf"])
+                                  "e3m1_none", "e8m7_inf"])
 def test_quantize_every_float16_rounding_modes(name, mode):
     make, spec, _ = MINIFLOATS[name]
     etype = make()
     kind = "float16" if name != "e8m7_inf" else "bfloat16"
     x = ALL16.view(INPUT_DTYPES[kind])
     words = words_for(x.size) if mode == "stochastic" else None
-    parts = input_parts(kind)
+    classes = [classify(spec, p, mode, 0 if words is None else int(words[i]))
+               for i, p in enumerate(input_parts(kind))]
     for saturate in (1, 0):
         got = as_codes(quantize_linear(x, np.array(1.0, dtype=x.dtype), output_dtype=etype, saturate=saturate,
                                        datapath=Datapath(rounding=mode), random_bits=words))
-        want = np.array([encode(spec, p, bool(saturate), mode, 0 if words is None else int(words[i]))
-                         for i, p in enumerate(parts)])
+        want = np.array([finish(spec, c, bool(saturate)) for c in classes])
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, (saturate, [(hex(int(ALL16[i])), hex(got[i]), hex(want[i])) for i in bad[:5]])
 
@@ -363,6 +392,7 @@ def test_round_trip_every_code(name):
             assert b == code, (hex(code), hex(b))
 
 
+@support.divergence_entry("Codec family float16-layout codes: numpy keeps NaN payloads")
 @pytest.mark.parametrize("name", [n for n, (_, _, peer) in MINIFLOATS.items() if peer is not None])
 def test_ml_dtypes_peer(name):
     make, spec, peer = MINIFLOATS[name]
