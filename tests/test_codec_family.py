@@ -67,11 +67,11 @@ class Spec:
 
     @property
     def max_value(self):
-        return max(self.finite)
+        return _max_value(self)
 
     @property
     def max_code(self):
-        return self.finite[self.max_value]
+        return self.finite[_max_value(self)]
 
     def nan_code(self, sign, canonical):
         if self.nan == "fnuz":
@@ -99,6 +99,11 @@ def _finite_table(spec):
         if d[0] == "num":
             table[d[2]] = code
     return table
+
+
+@lru_cache(maxsize=None)
+def _max_value(spec):
+    return max(spec.finite)
 
 
 def value_parts(bits: int, kind: str):
