@@ -183,6 +183,7 @@ def parameters(etype: ElementType) -> dict:
     """The family parameters of an integer or minifloat code type (ONNX or family):
     integer_type's or minifloat_type's keyword arguments."""
     if etype.kind == "integer" and etype.bits <= 16:
+        assert etype.lo is not None and etype.hi is not None
         signed = etype.lo < 0
         narrow = etype.lo == -(1 << (etype.bits - 1)) + 1 if signed else etype.hi == (1 << etype.bits) - 2
         return {"bits": etype.bits, "signed": signed, "narrow_range": narrow}
@@ -191,6 +192,7 @@ def parameters(etype: ElementType) -> dict:
             e, m, bias, inf, nan, negative_zero = _PARAMETERS[etype.name]
         else:
             fid = etype.small_float_id
+            assert fid is not None
             e, m, bias = fid & 0xF, (fid >> 4) & 0xF, (fid >> 8) & 0xFF
             nan, inf = NAN_CONVENTIONS[(fid >> 16) & 3], bool((fid >> 18) & 1)
             negative_zero = nan != "fnuz"
@@ -242,6 +244,7 @@ def check_codes(codes: np.ndarray, etype: ElementType, where: str, name: str) ->
     if codes.size == 0:
         return
     if etype.kind == "integer":
+        assert etype.lo is not None and etype.hi is not None
         lo, hi = int(codes.min()), int(codes.max())
         if lo < etype.lo or hi > etype.hi:
             bad = lo if lo < etype.lo else hi

@@ -199,7 +199,7 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     if size == 0:
         return y
     if family is not None:
-        check_codes(codes, x_type, plan.label, "x")
+        check_codes(family[1], x_type, plan.label, "x")
         if zero_point is not None and x_type.kind == "integer":
             check_codes(zero_point, x_type, plan.label, "x_zero_point")
         elif zero_point is not None:

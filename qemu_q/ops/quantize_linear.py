@@ -83,7 +83,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
 
     zp_type = None if zero_point is None else array_element_type(zero_point, "y_zero_point")
     family = output_dtype is not None and is_family(output_dtype)
-    if family and zp_type is not None and zero_point.dtype == output_dtype.dtype:
+    if family and zero_point is not None and zero_point.dtype == output_dtype.dtype:
         # a codec-family zero point is stored as the family type's codes are (qemu_q/codecs.py)
         zp_type = output_dtype
     if zp_type is not None and not family:
