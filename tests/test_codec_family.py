@@ -575,3 +575,65 @@ def test_zero_points_and_type_errors():
         dequantize_linear(np.array([0x40], np.uint8), np.float32(1.0), x_dtype=minifloat_type(3, 2))
     with pytest.raises(ValueError, match="has no attribute 'output_dtype'"):
         quantize_linear(x, np.float32(1.0), output_dtype=integer_type(5), opset=19)
+
+
+# --- every instruction-set level, kernel path and thread count -----------------------------
+
+LEVEL_LAYOUTS = [  # (shape, axis, block_size): straddling the task, prefetch and buffer sizes
+    ((3 * 32768 + 517,), None, 0),
+    ((13, 5 * 4096 + 7), 1, 0),
+    ((9, 8192 + 45), 1, 32),
+    ((67, 3, 600), 0, 16),
+]
+
+
+@pytest.mark.parametrize("layout", range(len(LEVEL_LAYOUTS)))
+@pytest.mark.parametrize("etype", [integer_type(5), integer_type(12, signed=False), integer_type(8, narrow_range=True),
+                                   minifloat_type(4, 3, inf=True), minifloat_type(3, 2),
+                                   minifloat_type(5, 3, inf=True),
+                                   minifloat_type(5, 2, inf=True, nan="fnuz", negative_zero=False)],
+                         ids=lambda t: t.name)
+def test_levels_paths_threads(etype, layout):
+    from qemu_q import _dispatch, _kernels
+
+    shape, axis, block = LEVEL_LAYOUTS[layout]
+    rng = np.random.default_rng(layout)
+    x = (rng.standard_normal(shape) * 40).astype(np.float32)
+    x.reshape(-1)[::97] = np.nan
+    x.reshape(-1)[5::101] = np.inf
+    if axis is None:
+        scale = np.float32(0.37)
+    elif block:
+        scale_shape = list(shape)
+        scale_shape[axis] = -(-shape[axis] // block)
+        scale = rng.uniform(0.1, 2, scale_shape).astype(np.float32)
+    else:
+        scale = rng.uniform(0.1, 2, shape[axis]).astype(np.float32)
+    kwargs = dict(output_dtype=etype, axis=axis if axis is not None else 1, block_size=block)
+    level, fast = _kernels.active.level, _dispatch.FAST_KERNELS
+    try:
+        _kernels.use("baseline")
+        _dispatch.FAST_KERNELS = False
+        want_q = quantize_linear(x, scale, n_threads=1, **kwargs)
+        want_d = dequantize_linear(want_q, scale, axis=kwargs["axis"], block_size=block, x_dtype=etype, n_threads=1)
+        for lv in _kernels.available_levels():
+            for fk in (True, False):
+                for n in (1, 3, 8):
+                    _kernels.use(lv)
+                    _dispatch.FAST_KERNELS = fk
+                    got = quantize_linear(x, scale, n_threads=n, **kwargs)
+                    np.testing.assert_array_equal(got, want_q, err_msg=f"{lv} fast={fk} n={n}")
+                    got_d = dequantize_linear(want_q, scale, axis=kwargs["axis"], block_size=block,
+                                              x_dtype=etype, n_threads=n)
+                    np.testing.assert_array_equal(got_d.view(np.uint32), want_d.view(np.uint32))
+    finally:
+        _kernels.use(level)
+        _dispatch.FAST_KERNELS = fast
+
+
+def test_x_dtype_of_an_onnx_type_is_the_usual_path():
+    codes = np.array([-128, -1, 0, 127], dtype=np.int8)
+    y = dequantize_linear(codes, np.float32(0.5), x_dtype=integer_type(8))
+    assert y.tolist() == [-64.0, -0.5, 0.0, 63.5]
+    with pytest.raises(TypeError, match="stored as uint8"):
+        dequantize_linear(codes, np.float32(0.5), x_dtype="uint8")
