@@ -173,16 +173,7 @@ def element_type(spec: TypeSpec, argument: str = "dtype") -> ElementType:
         key = _ALIASES.get(key, key)
         found = ELEMENT_TYPES.get(key)
         if found is None:
-            from .codecs import family_type  # the codec family's names: "int5", "float8e4m3b11_fnuz"
-
-            try:
-                found = family_type(key)
-            except ValueError as error:
-                raise ValueError(f"{argument}={spec!r}: {error}") from None
-        if found is None:
-            raise ValueError(f"{argument}={spec!r} is not a known type name; known: {_known_names()}, "
-                             "and the codec family's int<N>, uint<N>, int<N>_narrow, "
-                             "float<W>e<E>m<M>b<bias>_<ieee|fn|fnuz|none>[_inf]")
+            raise ValueError(f"{argument}={spec!r} is not a known type name; known: {_known_names()}")
         return found
     try:
         dt = np.dtype(spec)

@@ -153,7 +153,7 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     options").
 
     `x_dtype` (not an ONNX attribute): the element type of the codes x holds, for the codec
-    family (`qemu_q.integer_type`, `qemu_q.minifloat_type`, or their names): x (and
+    family (from `qemu_q.integer_type`, `qemu_q.minifloat_type`): x (and
     x_zero_point) are then arrays of that type's storage dtype (docs/semantics.md, "Codec
     family"); a stored value that is not a code of the type is a ValueError. With
     packed=True, `dtype` names the type instead.

@@ -178,8 +178,8 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
     `opset` selects the version (newest since-version <= opset; None: 28). Types follow
     that version's schema; `output_dtype` takes an ONNX data-type int, a name ("int4",
     "float8e4m3fn") or a dtype. Rules the spec leaves open are in docs/semantics.md.
-    `output_dtype` may also be a codec-family type (`qemu_q.integer_type`,
-    `qemu_q.minifloat_type`, or its name: docs/semantics.md, "Codec family"); y is then an
+    `output_dtype` may also be a codec-family type (from `qemu_q.integer_type`,
+    `qemu_q.minifloat_type`: docs/semantics.md, "Codec family"); y is then an
     array of that type's storage (int5 values in int8, minifloat codes in uint8/uint16), and
     y_zero_point, when given, an array of the same storage.
 
