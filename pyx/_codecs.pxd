@@ -79,6 +79,18 @@ cdef enum SmallFloatId:
     SF_COUNT = 7
 
 
+# The codec family (qemu_q.minifloat_type, docs/semantics.md "Codec family"): a format that
+# is not one of the ONNX ids above carries its parameters in its id, so that every kernel
+# entry that takes a small_float_id takes it unchanged. Bits 0-3: exponent bits (1..8),
+# 4-7: mantissa bits (0..14), 8-15: bias (0..127), 16-17: the NaN convention, 18: inf.
+cdef enum:
+    SF_FAMILY = 1 << 24
+    SF_FAMILY_IEEE = 0   # the all-ones exponent holds inf (with `inf`) and the NaNs
+    SF_FAMILY_FN = 1     # only the all-ones magnitude of each sign is NaN
+    SF_FAMILY_FNUZ = 2   # the negative-zero code is the one NaN; no -0
+    SF_FAMILY_NONE = 3   # no NaN
+
+
 cdef struct SmallFloatFormat:
     int width          # bits in a code; the sign is the top bit
     int mantissa_bits
@@ -89,6 +101,7 @@ cdef struct SmallFloatFormat:
     int nan_code       # the NaN code conversions write, -1 when the format has none
     int inf_code       # code of +inf, -1 when the format has none
     bint unsigned_zero # FNUZ: the negative-zero pattern is NaN, so -0 encodes as +0
+    int first_nan_magnitude  # magnitudes from here up decode as NaN (1 << 30: none)
 
 
 cdef enum SmallFloatRule:
@@ -127,7 +140,7 @@ cdef inline SmallFloatSpecials small_float_specials(const SmallFloatFormat* f, b
     # code NVIDIA's conversions write: 0x7F, e5m2 included.
     s.nan_sign = -1 if (rules & SF_RULE_NAN_SIGN) and signed_nan else 0
     if signed_nan and not (rules & SF_RULE_NAN_SIGN):
-        s.nan_code = 0x7F
+        s.nan_code = (1 << (f.width - 1)) - 1  # the all-ones magnitude: 0x7F in 8 bits
     if saturate or no_specials:
         s.overflow_code = f.max_code
         s.overflow_sign = -1
@@ -147,13 +160,75 @@ cdef inline SmallFloatSpecials small_float_specials(const SmallFloatFormat* f, b
         s.inf_sign = 0
     elif not saturate and f.inf_code < 0 and not no_specials and not f.unsigned_zero:
         # e4m3fn saturate=0: "Inf -> NaN", "-Inf -> -NaN": the sign of a NaN result.
-        s.inf_code = f.nan_code
+        s.inf_code = s.nan_code
         s.inf_sign = s.nan_sign
     return s
 
 
+cdef inline bint valid_small_float_id(int fmt_id) noexcept nogil:
+    # An ONNX format, or a family id whose fields the Python layer checked
+    # (qemu_q/codecs.py); the kernels re-check only what keeps their arithmetic defined.
+    cdef int e, m, bias
+    if 0 <= fmt_id < SF_COUNT:
+        return True
+    if fmt_id & ~(SF_FAMILY | 0x7FFFF) or not fmt_id & SF_FAMILY:
+        return False
+    e = fmt_id & 0xF
+    m = (fmt_id >> 4) & 0xF
+    bias = (fmt_id >> 8) & 0xFF
+    return 1 <= e <= 8 and m <= 14 and e + m <= 15 and bias <= 127 and ((1 << e) - 1 - bias) <= 128
+
+
+cdef inline SmallFloatFormat family_format(int fmt_id) noexcept nogil:
+    cdef SmallFloatFormat f
+    cdef int e = fmt_id & 0xF
+    cdef int m = (fmt_id >> 4) & 0xF
+    cdef int convention = (fmt_id >> 16) & 3
+    cdef bint inf = (fmt_id >> 18) & 1
+    cdef int all_ones = (1 << (e + m)) - 1      # the largest magnitude
+    cdef int top_exponent = ((1 << e) - 1) << m  # the all-ones exponent, zero mantissa
+    cdef int field, fraction
+    f.width = 1 + e + m
+    f.mantissa_bits = m
+    f.bias = (fmt_id >> 8) & 0xFF
+    f.inf_code = -1
+    f.unsigned_zero = False
+    f.first_nan_magnitude = 1 << 30
+    if convention == SF_FAMILY_IEEE:
+        # The quiet NaN a binary format's conversions write: the top mantissa bit set.
+        f.nan_code = top_exponent | (1 << (m - 1)) if m > 0 else top_exponent
+        if inf:
+            f.inf_code = top_exponent
+        f.first_nan_magnitude = top_exponent + 1 if inf else top_exponent
+        f.max_code = top_exponent - 1
+    elif convention == SF_FAMILY_FN:
+        f.nan_code = all_ones
+        f.first_nan_magnitude = all_ones
+        f.max_code = all_ones - 1
+    elif convention == SF_FAMILY_FNUZ:
+        f.nan_code = 1 << (f.width - 1)
+        f.unsigned_zero = True
+        # inf: the extreme codes, as IEEE P3109's binaryKpP formats have them
+        if inf:
+            f.inf_code = all_ones
+        f.max_code = all_ones - 1 if inf else all_ones
+    else:
+        f.nan_code = -1
+        f.max_code = all_ones
+    f.min_exponent = 1 - f.bias
+    field = f.max_code >> m
+    fraction = f.max_code & ((1 << m) - 1)
+    if field == 0:
+        f.max_finite = fraction * pow2(f.min_exponent - m)
+    else:
+        f.max_finite = ((1 << m) | fraction) * pow2(field - f.bias - m)
+    return f
+
+
 cdef inline SmallFloatFormat small_float_format(int fmt_id) noexcept nogil:
     cdef SmallFloatFormat f
+    if fmt_id & SF_FAMILY:
+        return family_format(fmt_id)
     if fmt_id == SF_E4M3FN:
         f.width = 8; f.mantissa_bits = 3; f.bias = 7; f.max_finite = 448.0
         f.max_code = 0x7E; f.nan_code = 0x7F; f.inf_code = -1; f.unsigned_zero = False
@@ -178,6 +253,11 @@ cdef inline SmallFloatFormat small_float_format(int fmt_id) noexcept nogil:
         f.width = 6; f.mantissa_bits = 2; f.bias = 3; f.max_finite = 28.0
         f.max_code = 0x1F; f.nan_code = -1; f.inf_code = -1; f.unsigned_zero = False
     f.min_exponent = 1 - f.bias
+    f.first_nan_magnitude = 1 << 30
+    if f.inf_code >= 0:
+        f.first_nan_magnitude = f.inf_code + 1
+    elif f.nan_code >= 0 and not f.unsigned_zero:
+        f.first_nan_magnitude = f.nan_code
     return f
 
 
@@ -469,14 +549,8 @@ cdef inline SmallFloat32Decoder small_float32_decoder(int fmt_id) noexcept nogil
     d.min_normal_magnitude = 1 << f.mantissa_bits
     d.subnormal_step = <float>pow2(f.min_exponent - f.mantissa_bits)
     d.inf_magnitude = f.inf_code
-    d.nan_magnitude = 1 << 30
-    d.nan_code = -1
-    if f.unsigned_zero:
-        d.nan_code = f.nan_code
-    elif f.inf_code >= 0:
-        d.nan_magnitude = f.inf_code + 1
-    elif f.nan_code >= 0:
-        d.nan_magnitude = f.nan_code
+    d.nan_magnitude = f.first_nan_magnitude
+    d.nan_code = f.nan_code if f.unsigned_zero else -1
     return d
 
 
@@ -484,7 +558,8 @@ cdef inline float decode_small_float32(uint32_t stored, const SmallFloat32Decode
     cdef int32_t code = <int32_t>stored & d.code_mask
     cdef uint32_t sign = (<uint32_t>code >> d.sign_shift) << 31
     cdef int32_t magnitude = code & d.magnitude_mask
-    cdef int32_t normal = (magnitude << d.shift) + d.exponent_rebias
+    # unsigned: a family format's inf/NaN magnitudes may pass bit 31 here (discarded below)
+    cdef int32_t normal = <int32_t>((<uint32_t>magnitude << d.shift) + <uint32_t>d.exponent_rebias)
     cdef int32_t subnormal = <int32_t>float_bits(<float>magnitude * d.subnormal_step)
     cdef int32_t bits = select_i32(magnitude < d.min_normal_magnitude, subnormal, normal)
     bits = select_i32(magnitude == d.inf_magnitude, 0x7F800000, bits)
@@ -626,20 +701,28 @@ cdef inline double round_magnitude(double t, bint negative, int mode, uint32_t r
 
 cdef inline double round_to_small_float_value(double q, int mantissa_bits, int min_exponent, int mode,
                                               uint32_t random_word, bint flush) noexcept nogil:
+    # round_to_minifloat_value for the ONNX small floats, whose values are all below 2**20.
+    return round_to_minifloat_value(q, mantissa_bits, min_exponent, 20, mode, random_word, flush)
+
+
+cdef inline double round_to_minifloat_value(double q, int mantissa_bits, int min_exponent,
+                                            int clamp_exponent, int mode, uint32_t random_word,
+                                            bint flush) noexcept nogil:
     # q (finite) rounded by `mode` to a binary format of `mantissa_bits` fraction bits whose
     # smallest normal is 2**min_exponent, with an unbounded exponent above (the caller's
-    # encoder applies the overflow rows to anything beyond max). Beyond 2**20, above every
-    # small float's range whatever the mode, q is clamped there first, so that the scaling
-    # below stays in double's normal range. `flush`: a nonzero result below the smallest
-    # normal becomes a zero of q's sign (tininess after rounding).
+    # encoder applies the overflow rows to anything beyond max). Beyond 2**clamp_exponent,
+    # which must lie above the format's largest value, every mode gives an overflow, so q
+    # is clamped there first: the scaling below stays in double's normal range.
+    # `flush`: a nonzero result below the smallest normal becomes a zero of q's sign
+    # (tininess after rounding).
     cdef double a = fabs(q)
     cdef int exponent
     cdef int ulp_exponent
     cdef double r
     if a == 0.0:
         return q
-    if a > 1048576.0:
-        a = 1048576.0
+    if a > pow2(clamp_exponent):
+        a = pow2(clamp_exponent)
     frexp(a, &exponent)
     exponent -= 1  # a in [2**exponent, 2**(exponent + 1))
     if exponent < min_exponent:

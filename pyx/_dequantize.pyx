@@ -15,7 +15,7 @@ from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t,
 from _codecs cimport (
     y_storage_t,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32, select_f32,
-    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, SF_COUNT, round_to_value_format,
+    FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, SF_COUNT, round_to_value_format, valid_small_float_id,
     pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_STOCHASTIC,
 )
 from _layout cimport (
@@ -97,6 +97,7 @@ cdef struct DequantizePlan:
     int code_shift          # 32 - bits: the code's bits are moved to the top of an int32 ...
     bint code_signed        # ... and back, arithmetically (signed) or logically (unsigned)
     bint signed16           # uint16_t storage holds int16
+    bint small_float16      # uint16_t storage holds codes of a 9- to 16-bit family minifloat
     int out_format
     bint fast               # False forces the table and the general loops (tests)
     bint stream             # a large output: computed piecewise into L1, streamed out ...
@@ -305,6 +306,22 @@ cdef inline void run_datapath(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, 
             y[i] = pack_value_format(f, p.out_format)
 
 
+cdef inline void run_small_float16(const uint16_t* x, y_storage_t* y, Py_ssize_t n, const double* scale,
+                                   const double* zero_point, bint params_vary,
+                                   const SmallFloat32Decoder* decoder, int out_format) noexcept nogil:
+    # Codes of a 9- to 16-bit family minifloat (qemu_q.minifloat_type): at most 15
+    # significant bits, so x - zero_point (a +-0) and its product with a 24-bit scale are
+    # exact in double, rounded once to the output type. A NaN code wins over a NaN scale.
+    cdef SmallFloat32Decoder dec = decoder[0]
+    cdef Py_ssize_t i, k
+    cdef float d, v
+    for i in range(n):
+        k = i if params_vary else 0
+        d = decode_small_float32(x[i], &dec) - <float>zero_point[k]
+        v = round_to_value_format(<double>d * scale[k], 0.0, out_format) if d == d else d
+        store(y, i, v, out_format)
+
+
 cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, Py_ssize_t param_index,
                              bint params_vary, Py_ssize_t first, const DequantizePlan* p) noexcept nogil:
     # Everything the loops need is read into locals first: stores through y (a character
@@ -328,6 +345,10 @@ cdef inline void run_segment(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, P
             k = i if params_vary else 0
             store(y, i, dequantize_int32(x[i], scale[k], zero_point[k], out_format), out_format)
         return
+    if dq_code_t is uint16_t:
+        if p.small_float16:
+            run_small_float16(x, y, n, scale, zero_point, params_vary, &p.decoder, out_format)
+            return
     if y_storage_t is float:
         if dq_code_t is uint8_t:
             if p.integer_bytes and p.fast:
@@ -483,13 +504,16 @@ cdef class DequantizeConfig:
             raise ValueError("the decode table needs 256 values")
         if code_size not in (1, 2, 4) or code_bits not in (2, 4, 6, 8, 16, 32):
             raise ValueError(f"codes of {code_size} bytes, {code_bits} bits are not a storage")
-        if not 0 <= integer_bits <= 8 or not -1 <= small_float_id < SF_COUNT:
+        if not 0 <= integer_bits <= 8 or not (small_float_id == -1 or valid_small_float_id(small_float_id)):
             raise ValueError(f"integer_bits {integer_bits}, small_float_id {small_float_id}")
         if out_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16):
             raise ValueError(f"out_format {out_format} is not an output format")
-        if float32_parameters != (code_size <= 2 and out_format == FMT_FLOAT32 and not datapath):
-            raise ValueError("float32 parameters are read by float32 outputs of 8- and 16-bit codes "
-                             "(not by a datapath)")
+        if float32_parameters != (code_size <= 2 and out_format == FMT_FLOAT32 and not datapath
+                                  and not (code_size == 2 and small_float_id >= 0)):
+            raise ValueError("float32 parameters are read by float32 outputs of 8- and 16-bit "
+                             "codes, 16-bit minifloat codes and datapaths aside")
+        if datapath and code_size == 2 and small_float_id >= 0:
+            raise ValueError("a datapath does not read 16-bit minifloat codes")
         if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
             raise ValueError(f"rounding {rounding} is not a datapath rounding")
         if scale_precision not in (0, 1, 2):
@@ -511,6 +535,7 @@ cdef class DequantizeConfig:
         self.plan.code_shift = 32 - integer_bits if self.plan.integer_bytes else 0
         self.plan.code_signed = integer_signed
         self.plan.signed16 = signed16
+        self.plan.small_float16 = code_size == 2 and small_float_id >= 0
         self.plan.out_format = out_format
         self.plan.fast = fast
         p = &self.plan

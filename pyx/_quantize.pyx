@@ -8,7 +8,7 @@
 # general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport fabs, copysign, fma, isnan, isinf
+from libc.math cimport fabs, copysign, fma, frexp, isnan, isinf
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uintptr_t
 
 from _layout cimport (
@@ -24,7 +24,7 @@ from _codecs cimport (
     float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_biased, saturate_biased, ROUND_MAGIC_BITS,
     SmallFloatFormat, small_float_format, round_to_value_format, round_magnitude,
-    round_to_small_float_value, DP_HALF_EVEN, DP_STOCHASTIC, DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX,
+    round_to_minifloat_value, valid_small_float_id, DP_HALF_EVEN, DP_STOCHASTIC, DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -142,6 +142,7 @@ cdef struct QuantizePlan:
     double scale_min_normal
     int sf_mantissa_bits      # the small-float format's, for the datapath's own rounding
     int sf_min_exponent
+    int sf_clamp_exponent     # above the format's largest value (qemu_q.minifloat_type's reach 2**127)
     const uint32_t* random_bits  # one word per element of x (stochastic rounding), else NULL
 
 
@@ -243,8 +244,8 @@ cdef inline int datapath_one(x_storage_t v, double scale, double zero_point, uin
     # The zero point of a float type is +0 or -0: it decides the sign of a zero quotient.
     q = q + zero_point
     if not isnan(q) and not isinf(q):
-        q = round_to_small_float_value(q, p.sf_mantissa_bits, p.sf_min_exponent, p.rounding,
-                                       random_word, p.flush_outputs)
+        q = round_to_minifloat_value(q, p.sf_mantissa_bits, p.sf_min_exponent, p.sf_clamp_exponent,
+                                     p.rounding, random_word, p.flush_outputs)
     # q is now a value of the format (or beyond its max, or inf/NaN): the encoder rounds
     # nothing and applies the Cast table's rows.
     return encode_small_float32(<float>q, &p.encoder)
@@ -555,6 +556,7 @@ cdef class QuantizeConfig:
                  int rounding=DP_HALF_EVEN, bint reciprocal=False, bint float64_quotient=False,
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
                  double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False):
+        cdef int clamp
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if x_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32):
@@ -563,7 +565,7 @@ cdef class QuantizeConfig:
             raise ValueError(f"precision {precision} is not a division precision")
         if code_kind not in (CODE_INTEGER, CODE_SMALL_FLOAT):
             raise ValueError(f"code_kind {code_kind} is not a code kind")
-        if not 0 <= small_float_id < SF_COUNT:
+        if not valid_small_float_id(small_float_id):
             raise ValueError(f"small_float_id {small_float_id} is not a small-float format")
         if path not in (PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT):
             raise ValueError(f"path {path} is not a quantize path")
@@ -571,6 +573,8 @@ cdef class QuantizeConfig:
                 path == PATH_F32_INTEGER and code_kind != CODE_INTEGER) or (
                 path == PATH_F32_SMALL_FLOAT and code_kind != CODE_SMALL_FLOAT):
             raise ValueError(f"path {path} does not fit x_format {x_format} and code_kind {code_kind}")
+        if path == PATH_F32_SMALL_FLOAT and code_bits > 8:
+            raise ValueError("the float32 small-float path writes one byte per code")
         if code_kind == CODE_INTEGER and not (-32768 <= lo <= hi <= 65535):
             raise ValueError(f"integer range [{lo}, {hi}] is not one of a 16-bit code")
         if code_bits not in (2, 4, 6, 8, 16):
@@ -618,6 +622,12 @@ cdef class QuantizeConfig:
             small_float_id if code_kind != CODE_INTEGER else 0).mantissa_bits
         self.plan.sf_min_exponent = small_float_format(
             small_float_id if code_kind != CODE_INTEGER else 0).min_exponent
+        # the ONNX formats' values lie below 2**20 (the bound they have always used), a
+        # family format's below 2**(exponent of its max + 1)
+        self.plan.sf_clamp_exponent = 20
+        if code_kind != CODE_INTEGER and small_float_id >= SF_COUNT:
+            frexp(small_float_format(small_float_id).max_finite, &clamp)
+            self.plan.sf_clamp_exponent = clamp
         self.plan.random_bits = NULL
 
     @property

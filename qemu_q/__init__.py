@@ -7,6 +7,7 @@ for every ONNX quantized type, computed by Cython kernels; the bits are the prod
 from . import _build_config
 from ._dtypes import ELEMENT_TYPES, ElementType, element_type
 from .datapath import Datapath
+from .codecs import integer_type, minifloat_type
 from ._opspec import NEWEST_OPSET, OP_VERSIONS, FormalParameter, OpSpec, get_spec
 from ._pack import pack, unpack
 from .ops import cast, cast_like, dequantize_linear, dynamic_quantize_linear, quantize_linear
@@ -34,7 +35,7 @@ __all__ = [
     "mx_quantize", "mx_dequantize", "mx_dequantize_graph", "mx_scale_shape", "MX_ELEMENTS", "MX_SCALE_RULES",
     "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_global_scale",
     "quantize_multiplier", "requantize",
-    "Datapath", "profiles",
+    "Datapath", "profiles", "integer_type", "minifloat_type",
 ]
 
 

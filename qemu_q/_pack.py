@@ -61,16 +61,23 @@ def raw_bytes(buffer, etype, count: int, argument: str) -> np.ndarray:
     return data
 
 
-def pack(array: np.ndarray, *, out: np.ndarray | None = None, n_threads: int | None = None) -> np.ndarray:
+def pack(array: np.ndarray, *, out: np.ndarray | None = None, n_threads: int | None = None,
+         dtype: TypeSpec | None = None) -> np.ndarray:
     """The ONNX raw_data bytes of `array` as a 1-D uint8 array.
 
     int4/uint4/float4e2m1: two per byte, element 0 in the low nibble; int2/uint2: four per
     byte, element 0 in bits 0-1; float6: LSB-first bit stream, four values in three bytes.
     Other types: their little-endian bytes.
+
+    `dtype`: the codec-family type (qemu_q.integer_type, qemu_q.minifloat_type) whose codes
+    `array` holds in its storage dtype; family codes of 2, 4, 6, 8 or 16 bits pack as the
+    ONNX types of those widths do, other widths have no raw_data layout (ValueError).
     """
     if not isinstance(array, np.ndarray):
         raise TypeError(f"array must be a numpy array, got {type(array).__name__}")
-    etype = array_element_type(array, "array")
+    etype = array_element_type(array, "array") if dtype is None else _family_layout(dtype, "dtype")
+    if dtype is not None and array.dtype != etype.dtype:
+        raise TypeError(f"array has dtype {array.dtype}; codes of {etype.name} are stored as {etype.dtype}")
     n_threads = resolve_threads(n_threads, array.size)
     flat = np.ascontiguousarray(array).reshape(-1)
     size = packed_size(etype, flat.size)
@@ -101,7 +108,7 @@ def unpack(buffer: bytes | np.ndarray, dtype: TypeSpec, shape: Shape, *,
     if dtype is None:
         raise TypeError("dtype=None: give the element type of the codes (a type name, an ONNX "
                         "data-type int or a dtype)")
-    etype = element_type(dtype, "dtype")
+    etype = _family_layout(dtype, "dtype")
     shape = normalize_shape(shape)
     count = math.prod(shape)
     n_threads = resolve_threads(n_threads, count)
@@ -110,4 +117,15 @@ def unpack(buffer: bytes | np.ndarray, dtype: TypeSpec, shape: Shape, *,
         return data.view(etype.dtype.newbyteorder("<")).astype(etype.dtype, copy=True).reshape(shape)
     codes = np.empty(count, dtype=np.uint8)
     _dispatch.run(_dispatch.Path.UNPACK, data, codes, etype.bits, n_threads)
+    if etype.onnx_id == 0 and etype.kind == "integer" and etype.signed:
+        # family integers are stored as their values: sign-extended
+        return etype.code_values(codes).astype(etype.dtype).reshape(shape)
     return codes.view(etype.dtype).reshape(shape)
+
+
+def _family_layout(dtype, argument: str):
+    etype = element_type(dtype, argument)
+    if etype.onnx_id == 0 and etype.kind in ("integer", "small_float") and etype.bits not in (2, 4, 6, 8, 16):
+        raise ValueError(f"{argument}={etype.name}: codes of {etype.bits} bits have no ONNX raw_data "
+                         "layout; the codec family packs widths 2, 4, 6, 8 and 16")
+    return etype

@@ -261,6 +261,7 @@ def test_every_entry_has_a_test_and_every_test_an_entry():
     importlib.import_module("test_mx")  # and the MX entries
     importlib.import_module("test_nvfp4")  # registers the NVFP4 entries
     importlib.import_module("test_mx_peers")  # and the MX peers' transcriptions
+    importlib.import_module("test_codec_family")  # and the codec family's numpy peer
     sections = doc_sections()
     divergences = {h for h in sections if not h.startswith("Probed")}
     assert divergences == set(ENTRIES), (

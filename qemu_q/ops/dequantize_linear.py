@@ -14,7 +14,8 @@ from .._buffers import (
     LITTLE_ENDIAN, finish_output, flat_storage, kernel_output, packed_input, prepare_output,
 )
 from .._dispatch import Path
-from .._dtypes import ELEMENT_TYPES, FMT_FLOAT32, array_element_type
+from .._dtypes import ELEMENT_TYPES, FMT_FLOAT32, ElementType, array_element_type, element_type
+from ..codecs import PACKABLE_BITS, check_codes, is_family, parameters, zero_codes_as_values
 from .._opspec import get_spec, normalize_opset
 from .._params import check_zero_point_values, kernel_parameters
 from .._registry import register
@@ -31,6 +32,18 @@ from .._validate import (
 def decode_table(type_name: str) -> np.ndarray:
     """float32 value of each of the 256 one-per-byte codes of an 8-bit-stored type."""
     etype = ELEMENT_TYPES[type_name]
+    if etype.kind == "small_float":
+        table = _dequantize.decode_table(etype.small_float_id)
+    else:
+        table = etype.code_values(np.arange(256)).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+@lru_cache(maxsize=64)
+def family_decode_table(etype: ElementType) -> np.ndarray:
+    """decode_table for an 8-bit-stored codec-family type (qemu_q/codecs.py): the byte
+    of each stored code, as the storage holds it (sign-extended integer values)."""
     if etype.kind == "small_float":
         table = _dequantize.decode_table(etype.small_float_id)
     else:
@@ -62,6 +75,9 @@ def datapath_reads(datapath: Datapath) -> Datapath:
 
 
 def _small_float_min_normal(x_type) -> float:
+    if is_family(x_type):
+        # a family minifloat's smallest normal: exponent field 1, 2^(1 - bias)
+        return 2.0 ** (1 - parameters(x_type)["bias"])
     import ml_dtypes
 
     return float(ml_dtypes.finfo(x_type.dtype).smallest_normal)
@@ -70,7 +86,8 @@ def _small_float_min_normal(x_type) -> float:
 @lru_cache(maxsize=512)
 def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                     block_size, output_dtype, fast_kernels,
-                    datapath: Datapath = ONNX) -> DequantizePlan:
+                    datapath: Datapath = ONNX,
+                    x_family: ElementType | None = None) -> DequantizePlan:
     # As quantize_plan: validated once per signature.
     x, scale = ArraySpec(*x_signature), ArraySpec(*scale_signature)
     zero_point = ArraySpec.of_signature(zp_signature)
@@ -80,11 +97,17 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     check_attribute(spec, opset, "block_size", block_size, 0)
     check_attribute(spec, opset, "output_dtype", output_dtype, None)
 
-    x_type = array_element_type(x, "x")
+    # x_family: codes of a codec-family type (x_dtype=), stored as its dtype says
+    x_type = array_element_type(x, "x") if x_family is None else x_family
     scale_type = array_element_type(scale, "x_scale")
-    check_type(spec, opset, "x", x_type)
+    if x_family is None:
+        check_type(spec, opset, "x", x_type)
     check_type(spec, opset, "x_scale", scale_type)
-    if zero_point is not None:
+    if zero_point is not None and x_family is not None:
+        if zero_point.dtype != x_type.dtype:
+            raise TypeError(f"{where}: x_zero_point of {x_type.name} codes must be stored as x is "
+                            f"({x_type.dtype}), got {zero_point.dtype}")
+    elif zero_point is not None:
         zp_type = array_element_type(zero_point, "x_zero_point")
         if zp_type is not x_type:
             raise TypeError(f"{where}: x_zero_point must have the type of x ({x_type.name}), got {zp_type.name}")
@@ -105,19 +128,29 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     use_datapath = datapath != ONNX
     if use_datapath:
         fast_kernels = False
+        if x_type.kind == "small_float" and x_type.storage.itemsize == 2:
+            raise ValueError(f"{where}: datapath options on the codes of a 9- to 16-bit minifloat "
+                             f"({x_type.name}) are not implemented; allowed: the ONNX datapath "
+                             "(datapath=None)")
     fields = dict(
         outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
         block_size=gran.block_size,
         # 16- and 32-bit codes are decoded arithmetically; the table is unused there.
-        table=decode_table(x_type.name if x_type.storage.itemsize == 1 else "uint8"),
-        code_size=x_type.storage.itemsize, code_bits=x_type.bits,
+        table=(family_decode_table(x_type) if x_family is not None and x_type.storage.itemsize == 1
+               else decode_table(x_type.name if x_type.storage.itemsize == 1 else "uint8")),
+        code_size=x_type.storage.itemsize,
+        code_bits=x_type.bits if x_type.bits in PACKABLE_BITS + (32,) else 8 * x_type.storage.itemsize,
         # Integer codes of 8 bits or fewer, and small floats, are decoded on their bits.
         integer_bits=x_type.bits if integer and x_type.bits <= 8 else 0,
         integer_signed=integer and x_type.signed,
         small_float_id=x_type.small_float_id if x_type.kind == "small_float" else -1,
-        signed16=x_type.name == "int16", out_format=out_type.value_format, fast=fast_kernels,
-        # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there).
+        signed16=integer and x_type.signed and x_type.storage.itemsize == 2,
+        out_format=out_type.value_format, fast=fast_kernels,
+        # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there),
+        # but for 16-bit minifloat codes (float64 products, pyx/_dequantize.pyx) and under
+        # a datapath.
         float32_parameters=(out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2
+                            and not (x_type.kind == "small_float" and x_type.storage.itemsize == 2)
                             and not use_datapath),
         datapath=use_datapath, rounding=ROUND_CODES[datapath.rounding],
         scale_precision=_SCALE_PRECISIONS[datapath.scale_precision],
@@ -137,7 +170,8 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
                       packed: bool = False, dtype: TypeSpec | None = None,
                       shape: Shape | None = None, n_threads: int | None = None,
                       datapath: Datapath | None = None,
-                      random_bits: np.ndarray | None = None) -> np.ndarray:
+                      random_bits: np.ndarray | None = None,
+                      x_dtype: TypeSpec | None = None) -> np.ndarray:
     """ONNX DequantizeLinear: y = (x - x_zero_point) * x_scale, rounded once to the output type.
 
     `opset` selects the version (None: 28). The output type is float32 (10, 13), the
@@ -156,6 +190,12 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     `requantization` describe steps DequantizeLinear has not and are ignored.
     rounding="stochastic" takes `random_bits=`, a uint32 array of x's shape (one word per
     element, C order). docs/semantics.md, "Datapath options", defines each exactly.
+
+    `x_dtype` (not an ONNX attribute): the element type of the codes x holds, for the codec
+    family (from `qemu_q.integer_type`, `qemu_q.minifloat_type`): x (and
+    x_zero_point) are then arrays of that type's storage dtype (docs/semantics.md, "Codec
+    family"); a stored value that is not a code of the type is a ValueError. With
+    packed=True, `dtype` names the type instead.
     """
     datapath = datapath_reads(as_datapath(datapath, op_type="DequantizeLinear",
                                           opset=normalize_opset(opset)))
@@ -165,7 +205,11 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     opset = normalize_opset(opset)
     raw = None
     codes: np.ndarray | None
-    if packed:
+    family = _family_input(x, x_dtype, packed, dtype, shape, opset)
+    if family is not None:
+        codes = family[1]
+        x_spec = (codes.dtype, codes.shape)
+    elif packed:
         x_type, x_shape, raw = packed_input(x, dtype, shape, zero_point,
                                             label(get_spec("DequantizeLinear", opset), opset))
         if x_type.packed:
@@ -186,7 +230,7 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
         opset, x_spec, _signature(scale), _signature(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
         _coerce.output_dtype(output_dtype), _dispatch.FAST_KERNELS, datapath,
-    ))
+    ) + ((family[0],) if family is not None else ()))
     extra = {} if bits is None else {"random_bits": bits}
     x_type, out_type = plan.x_type, plan.out_type
     size = math.prod(x_spec[1])
@@ -196,6 +240,12 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
                        [("x", codes if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point)])
     if size == 0:
         return y
+    if family is not None:
+        check_codes(family[1], x_type, plan.label, "x")
+        if zero_point is not None and x_type.kind == "integer":
+            check_codes(zero_point, x_type, plan.label, "x_zero_point")
+        elif zero_point is not None:
+            zero_point = zero_codes_as_values(zero_point, x_type, plan.label, "x_zero_point")
     check_zero_point_values(zero_point, x_type, plan.label, "x_zero_point")
     config = plan.kernel_config()
     params = kernel_parameters(scale, zero_point, scale.size, 0.0, config.float32_parameters,
@@ -232,6 +282,38 @@ def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name:
         raise ValueError(f"random_bits has shape {random_bits.shape}; {input_name} has shape "
                          f"{tuple(shape)} (one word per element)")
     return np.require(random_bits, requirements=["C", "A"]).reshape(-1)
+
+
+def _family_input(x, x_dtype, packed: bool, dtype, shape, opset):
+    """(the family type, its stored codes) when x holds codec-family codes, else None (the
+    ONNX types take the usual path, x_dtype only checked against x)."""
+    where = label(get_spec("DequantizeLinear", opset), opset)
+    if packed:
+        if x_dtype is not None:
+            raise TypeError(f"{where}: with packed=True the element type is dtype=, not x_dtype=")
+        if dtype is None:
+            return None
+        etype = element_type(dtype, "dtype")
+        if not is_family(etype):
+            return None
+        if etype.bits not in PACKABLE_BITS:
+            raise ValueError(f"{where}: packed=True with dtype {etype.name}: codes of {etype.bits} "
+                             f"bits have no ONNX raw_data layout; allowed widths "
+                             f"{', '.join(map(str, PACKABLE_BITS))}")
+        from .._pack import unpack
+
+        codes = unpack(x, etype, shape)
+        return etype, codes
+    if x_dtype is None:
+        return None
+    etype = element_type(x_dtype, "x_dtype")
+    codes = _coerce.as_array(x, "x")
+    if codes.dtype != etype.dtype:
+        raise TypeError(f"{where}: x_dtype={etype.name} codes are stored as {etype.dtype}; x has dtype "
+                        f"{codes.dtype}")
+    if dtype is not None or shape is not None:
+        raise TypeError(f"{where}: dtype= and shape= describe packed input; pass packed=True")
+    return (etype, codes) if is_family(etype) else None
 
 
 @register("DequantizeLinear")

@@ -26,6 +26,7 @@ from .._rules import (
 )
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
+from ..codecs import PACKABLE_BITS, check_codes, is_family, zero_codes_as_values
 from ..datapath import NANS_TO_INTEGER, ONNX, ROUND_CODES, Datapath, as_datapath
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
@@ -81,10 +82,15 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         raise TypeError(f"{where}: x and y_scale share type T1; got x {x_type.name} and y_scale {scale_type.name}")
 
     zp_type = None if zero_point is None else array_element_type(zero_point, "y_zero_point")
-    if zp_type is not None:
+    family = output_dtype is not None and is_family(output_dtype)
+    if family and zero_point is not None and zero_point.dtype == output_dtype.dtype:
+        # a codec-family zero point is stored as the family type's codes are (qemu_q/codecs.py)
+        zp_type = output_dtype
+    if zp_type is not None and not family:
         check_type(spec, opset, "y_zero_point", zp_type)
     out_type = quantize_output_type(spec, output_dtype, zp_type, where)
-    check_type(spec, opset, "y", out_type)
+    if not family:
+        check_type(spec, opset, "y", out_type)
 
     precision_type = division_precision(spec, scale_type, precision, where)
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
@@ -117,12 +123,17 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     # float32 x divided in float32: the kernels' vectorized paths, on float32 parameters.
     if use_datapath:
         path = PATH_GENERAL
-    elif fast_kernels and fast_divide and x_type.name == "float":
+    elif fast_kernels and fast_divide and x_type.name == "float" and (
+            integer or out_type.storage.itemsize == 1):
         path = PATH_F32_INTEGER if integer else PATH_F32_SMALL_FLOAT
     else:
         path = PATH_GENERAL
     small_float_rules = 0
-    if out_type.kind == "small_float" and opset >= 19:
+    if family:
+        # The family follows the newest Cast table: a NaN keeps its sign (docs/semantics.md,
+        # "Codec family").
+        small_float_rules = SF_RULE_NAN_SIGN if nan == "spec" else 0
+    elif out_type.kind == "small_float" and opset >= 19:
         # float8 arrives at 19 with the Cast tables; float4/float6 later, with none.
         table = cast_float8_table(opset)
         if table.negative_nan_row and nan == "spec":
@@ -135,10 +146,14 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         precision=precision_format, fast_divide=fast_divide,
         code_kind=CODE_INTEGER if integer else CODE_SMALL_FLOAT,
         lo=out_type.lo if integer else 0, hi=out_type.hi if integer else 0,
-        mask=(1 << out_type.bits) - 1 if integer else 0,
+        # family integers are stored as their values: the storage's two's complement
+        mask=((1 << (8 * out_type.storage.itemsize)) - 1 if family else (1 << out_type.bits) - 1)
+        if integer else 0,
         small_float_id=0 if integer else out_type.small_float_id,
-        saturate=bool(saturate) if saturate_applies(spec, out_type) else True,
-        small_float_rules=small_float_rules, path=path, code_bits=out_type.bits,
+        saturate=bool(saturate) if (saturate_applies(spec, out_type) or (
+            family and not integer)) else True,
+        small_float_rules=small_float_rules, path=path,
+        code_bits=out_type.bits if out_type.bits in PACKABLE_BITS else 8 * out_type.storage.itemsize,
         datapath=use_datapath, rounding=ROUND_CODES[datapath.rounding],
         reciprocal=datapath.scale == "reciprocal", float64_quotient=float64_quotient,
         nan_to_integer=NANS_TO_INTEGER.index(datapath.nan_to_integer),
@@ -163,6 +178,10 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
     `opset` selects the version (newest since-version <= opset; None: 28). Types follow
     that version's schema; `output_dtype` takes an ONNX data-type int, a name ("int4",
     "float8e4m3fn") or a dtype. Rules the spec leaves open are in docs/semantics.md.
+    `output_dtype` may also be a codec-family type (from `qemu_q.integer_type`,
+    `qemu_q.minifloat_type`: docs/semantics.md, "Codec family"); y is then an
+    array of that type's storage (int5 values in int8, minifloat codes in uint8/uint16), and
+    y_zero_point, when given, an array of the same storage.
 
     `out` receives the result (no allocation). With `packed=True` the result is the ONNX
     raw_data of y instead: a 1-D uint8 array of `pack(y)`'s bytes (ceil(n * bits / 8);
@@ -193,12 +212,21 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
     n_threads = resolve_threads(n_threads, x.size)
     # The output is checked before anything is converted or allocated.
     inputs = [("x", x), ("y_scale", scale), ("y_zero_point", zero_point)]
+    if packed and is_family(out_type) and out_type.bits not in PACKABLE_BITS:
+        raise ValueError(f"{plan.label}: packed=True with output type {out_type.name}: codes of "
+                         f"{out_type.bits} bits have no ONNX raw_data layout; allowed widths "
+                         f"{', '.join(map(str, PACKABLE_BITS))}")
     if packed:
         result = prepare_packed_output(out, packed_size(out_type, x.size), out_type, inputs)
     else:
         result = prepare_output(out, x.shape, out_type, inputs)
     if x.size == 0:
         return result
+    if zero_point is not None and is_family(out_type):
+        if out_type.kind == "integer":
+            check_codes(zero_point, out_type, plan.label, "y_zero_point")
+        else:
+            zero_point = zero_codes_as_values(zero_point, out_type, plan.label, "y_zero_point")
     check_zero_point_values(zero_point, out_type, plan.label, "y_zero_point")
     config = plan.kernel_config()
     params = kernel_parameters(scale, zero_point, scale.size, -0.0, config.path != PATH_GENERAL,
