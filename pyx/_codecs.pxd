@@ -649,3 +649,59 @@ cdef inline double round_to_small_float_value(double q, int mantissa_bits, int m
     if flush and r < pow2(min_exponent):
         r = 0.0
     return copysign(r, q)
+
+
+# The datapath roundings on float32 operands, branch-free, for the vectorized datapath
+# loops of _quantize.pyx (run_datapath_f32). They give round_magnitude's bits on every
+# magnitude those loops hand them: a float32 t = |value| / ulp with t < 2**24, split into
+# whole = floor(t) (a truncation) and frac = t - whole, which is exact (Sterbenz for
+# t >= 1, frac = t below). `mode` is a constant at every call, so that the compiler keeps
+# only its own compares.
+cdef inline uint32_t fraction_word_f32(float frac) noexcept nogil:
+    # floor(frac * 2**32) for 0 <= frac < 1: round_magnitude's first 32 bits of the
+    # fraction. The product is exact; below 2**31 a truncation to int32 is the floor (from
+    # 2**24 up the product is an integer already); from 2**31 up, where int32 ends, the
+    # product minus 2**31 is exact (Sterbenz) and converts instead. Both conversions are
+    # computed on in-range operands and one is selected.
+    cdef float f = frac * <float>4294967296.0
+    cdef float low = f if f < <float>2147483520.0 else <float>2147483520.0  # the float below 2**31
+    cdef float high = f - <float>2147483648.0
+    high = high if high > <float>0.0 else <float>0.0
+    return <uint32_t>select_i32(f >= <float>2147483648.0,
+                                <int32_t>(<uint32_t><int32_t>high + <uint32_t>0x80000000),
+                                <int32_t>low)
+
+
+cdef inline int32_t datapath_round_up_f32(int mode, int32_t odd, float frac, int32_t negative,
+                                          uint32_t random_word) noexcept nogil:
+    # 1 where round_magnitude adds one to `whole` (odd: whole & 1; negative: 0 or 1).
+    cdef int32_t above = frac > <float>0.5
+    cdef int32_t tie = frac == <float>0.5
+    cdef int32_t inexact = frac != <float>0.0
+    cdef uint32_t word
+    if mode == DP_HALF_EVEN:
+        return above | (tie & odd)
+    if mode == DP_HALF_AWAY:
+        return above | tie
+    if mode == DP_HALF_UP:
+        return above | (tie & (1 - negative))
+    if mode == DP_HALF_DOWN:
+        return above | (tie & negative)
+    if mode == DP_TOWARD_ZERO:
+        return 0
+    if mode == DP_DOWN:
+        return inexact & negative
+    if mode == DP_UP:
+        return inexact & (1 - negative)
+    if mode == DP_TO_ODD:
+        return inexact & (1 - odd)
+    # stochastic: the carry out of 32 bits when the word is added to the fraction's
+    word = fraction_word_f32(frac)
+    return <uint32_t>(word + random_word) < word
+
+
+cdef inline float flush_subnormal_f32(float v, float min_normal) noexcept nogil:
+    # v with |v| < min_normal replaced by a zero of its sign (min_normal 0: v unchanged;
+    # NaN compares false and stays).
+    cdef int32_t b = <int32_t>float_bits(v)
+    return bits_float(<uint32_t>select_i32(fabsf(v) < min_normal, b & <int32_t>(-2147483647 - 1), b))

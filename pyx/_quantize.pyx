@@ -8,7 +8,7 @@
 # general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport fabs, copysign, fma, isnan, isinf
+from libc.math cimport fabs, fabsf, copysign, fma, isnan, isinf
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uintptr_t
 
 from _layout cimport (
@@ -25,6 +25,8 @@ from _codecs cimport (
     encode_integer, round_biased, saturate_biased, ROUND_MAGIC_BITS,
     SmallFloatFormat, small_float_format, round_to_value_format, round_magnitude,
     round_to_small_float_value, DP_HALF_EVEN, DP_STOCHASTIC, DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX,
+    DP_HALF_AWAY, DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD,
+    select_i32, select_f32, float_bits, bits_float, pow2, datapath_round_up_f32, flush_subnormal_f32,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -112,6 +114,24 @@ cdef extern from *:
     enum: HAVE_STREAM_CODES "QEMU_Q_HAVE_STREAM_CODES"
 
 
+cdef struct DatapathF32:
+    # run_datapath_f32's loop invariants, from the plan (QuantizeConfig).
+    float x_min_normal        # subnormals flush_inputs: below it x is flushed (0: kept)
+    float scale_min_normal
+    int32_t lo
+    int32_t hi
+    int32_t mask
+    int32_t nan_override      # 1: a NaN quotient gives nan_code (nan_to_integer min, max)
+    int32_t nan_code
+    int32_t shift             # small floats: 23 - mantissa bits
+    int32_t fraction_mask     # (1 << shift) - 1: the float32 bits below the target's ulp
+    float fraction_scale      # 2**-shift
+    int32_t min_normal_bits   # float32 bits of the target's smallest normal
+    float subnormal_scale     # 2**(mantissa_bits - min_exponent): |q| in subnormal ulps
+    float subnormal_ulp       # 2**(min_exponent - mantissa_bits)
+    int32_t flush_outputs     # 1: a result below the smallest normal becomes zero
+
+
 cdef struct QuantizePlan:
     int path
     int x_format
@@ -143,6 +163,10 @@ cdef struct QuantizePlan:
     int sf_mantissa_bits      # the small-float format's, for the datapath's own rounding
     int sf_min_exponent
     const uint32_t* random_bits  # one word per element of x (stochastic rounding), else NULL
+    # float32 x and scale, the quotient in float32 (x / s, or x * (1 / s)): the datapath's
+    # vectorized float32 loops (run_datapath_f32) instead of datapath_one.
+    bint datapath_f32
+    DatapathF32 dp32
 
 
 cdef inline double load_double(x_storage_t v, int x_format) noexcept nogil:
@@ -267,6 +291,181 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
             y[i] = <code_storage_t>datapath_one(x[i], scale[0], zero_point[0], word, &p)
 
 
+# The datapath's float32 loops. Where x and the scale are float32 values and the quotient
+# is formed in float32 (the ONNX float32 division, or scale_precision="float32"), each
+# step of datapath_one is one float32 operation or an integer operation on the bits:
+# the quotient x / s or x * (1 / s) (one IEEE rounding each, as datapath_quotient's
+# float32 branch), the input flush as a select, the rounding by mode on whole = floor(|q|)
+# and the exact frac = |q| - whole (datapath_round_up_f32), the zero point, clamp and NaN
+# rule in int32. No branch depends on an element, and the rounding mode, the scale mode
+# and whether the parameters vary are constants of each loop (datapath_f32_integer_as,
+# datapath_f32_small_float_as), so the compiler vectorizes every one of them. The bits are
+# datapath_one's (tests/test_datapath_fast.py runs both against the exact oracle).
+cdef inline void datapath_f32_integer(const float* x, code_storage_t* y, Py_ssize_t n,
+                                      const double* scale, const double* zero_point,
+                                      const uint32_t* words, const DatapathF32* datapath,
+                                      int mode, bint reciprocal, bint vary) noexcept nogil:
+    # datapath_one for integer codes. |q| is clamped to 2**24 (NaN there too): beyond it q
+    # is an integer and every code saturates whatever the rounding, and the truncation to
+    # int32 stays in range. A NaN rounds as 0 (nan_to_integer "zero": the zero point,
+    # clamped) unless the rule overrides it.
+    cdef DatapathF32 d = datapath[0]
+    cdef Py_ssize_t i
+    cdef float s = flush_subnormal_f32(<float>scale[0], d.scale_min_normal)
+    cdef float m = (<float>1.0 / s) if reciprocal else s
+    cdef int32_t z = <int32_t>zero_point[0]
+    cdef float v, q, a, frac
+    cdef int32_t nan, negative, whole, code
+    cdef uint32_t word = 0
+    for i in range(n):
+        if vary:
+            s = flush_subnormal_f32(<float>scale[i], d.scale_min_normal)
+            m = (<float>1.0 / s) if reciprocal else s
+            z = <int32_t>zero_point[i]
+        if mode == DP_STOCHASTIC:
+            word = words[i]
+        v = flush_subnormal_f32(x[i], d.x_min_normal)
+        q = v * m if reciprocal else v / m
+        nan = q != q
+        negative = q < <float>0.0
+        a = fabsf(q)
+        a = a if a < <float>16777216.0 else <float>16777216.0
+        a = select_f32(nan, <float>0.0, a)
+        whole = <int32_t>a
+        frac = a - <float>whole
+        whole = whole + datapath_round_up_f32(mode, whole & 1, frac, negative, word)
+        code = select_i32(negative, -whole, whole) + z
+        code = code if code > d.lo else d.lo
+        code = code if code < d.hi else d.hi
+        code = select_i32(nan & d.nan_override, d.nan_code, code)
+        y[i] = <code_storage_t>(code & d.mask)
+
+
+cdef inline void datapath_f32_small_float(const float* x, uint8_t* y, Py_ssize_t n,
+                                          const double* scale, const double* zero_point,
+                                          const uint32_t* words, const DatapathF32* datapath,
+                                          const SmallFloat32Encoder* encoder, int mode,
+                                          bint reciprocal, bint vary) noexcept nogil:
+    # datapath_one for small-float codes: round_to_small_float_value on the float32 bits.
+    # At or above the smallest normal, whole = the bits above the target's ulp (exponent
+    # included: a carry of the increment moves to the next binade, as the value does) and
+    # frac = the bits below it, scaled to [0, 1); below it, |q| * 2**(mantissa_bits -
+    # min_exponent) counts subnormal ulps exactly. |q| is clamped to 2**20 first, as
+    # there, and inf/NaN pass to the encoder untouched.
+    cdef DatapathF32 d = datapath[0]
+    cdef SmallFloat32Encoder e = encoder[0]
+    cdef Py_ssize_t i
+    cdef float s = flush_subnormal_f32(<float>scale[0], d.scale_min_normal)
+    cdef float m = (<float>1.0 / s) if reciprocal else s
+    cdef float z = <float>zero_point[0]
+    cdef float v, q, t, frac, frac_normal, frac_subnormal
+    cdef int32_t bits, sign, magnitude, subnormal, whole, whole_subnormal, rounded
+    cdef uint32_t word = 0
+    for i in range(n):
+        if vary:
+            s = flush_subnormal_f32(<float>scale[i], d.scale_min_normal)
+            m = (<float>1.0 / s) if reciprocal else s
+            z = <float>zero_point[i]
+        if mode == DP_STOCHASTIC:
+            word = words[i]
+        v = flush_subnormal_f32(x[i], d.x_min_normal)
+        # the zero point (+0 or -0) decides the sign of a zero quotient
+        q = (v * m if reciprocal else v / m) + z
+        bits = <int32_t>float_bits(q)
+        sign = bits & <int32_t>(-2147483647 - 1)
+        magnitude = bits & 0x7FFFFFFF
+        magnitude = magnitude if magnitude < 0x49800000 else 0x49800000  # 2**20
+        subnormal = magnitude < d.min_normal_bits
+        frac_normal = <float>(magnitude & d.fraction_mask) * d.fraction_scale
+        t = select_f32(subnormal, bits_float(<uint32_t>magnitude), <float>0.0) * d.subnormal_scale
+        whole_subnormal = <int32_t>t
+        frac_subnormal = t - <float>whole_subnormal
+        whole = select_i32(subnormal, whole_subnormal, magnitude >> d.shift)
+        frac = select_f32(subnormal, frac_subnormal, frac_normal)
+        whole = whole + datapath_round_up_f32(mode, whole & 1, frac, q < <float>0.0, word)
+        rounded = select_i32(subnormal, <int32_t>float_bits(<float>whole * d.subnormal_ulp),
+                             whole << d.shift)
+        rounded = select_i32(d.flush_outputs & (rounded < d.min_normal_bits), 0, rounded)
+        rounded = select_i32((bits & 0x7FFFFFFF) >= 0x7F800000, bits, rounded | sign)
+        y[i] = <uint8_t>encode_small_float32(bits_float(<uint32_t>rounded), &e)
+
+
+cdef inline void datapath_f32_integer_as(const float* x, code_storage_t* y, Py_ssize_t n,
+                                         const double* scale, const double* zero_point, bint vary,
+                                         const uint32_t* words, const QuantizePlan* p,
+                                         int mode) noexcept nogil:
+    # mode is a constant here: one loop per (mode, reciprocal, vary).
+    if vary:
+        if p.reciprocal:
+            datapath_f32_integer(x, y, n, scale, zero_point, words, &p.dp32, mode, True, True)
+        else:
+            datapath_f32_integer(x, y, n, scale, zero_point, words, &p.dp32, mode, False, True)
+    elif p.reciprocal:
+        datapath_f32_integer(x, y, n, scale, zero_point, words, &p.dp32, mode, True, False)
+    else:
+        datapath_f32_integer(x, y, n, scale, zero_point, words, &p.dp32, mode, False, False)
+
+
+cdef inline void datapath_f32_small_float_as(const float* x, uint8_t* y, Py_ssize_t n,
+                                             const double* scale, const double* zero_point,
+                                             bint vary, const uint32_t* words,
+                                             const QuantizePlan* p, int mode) noexcept nogil:
+    if vary:
+        if p.reciprocal:
+            datapath_f32_small_float(x, y, n, scale, zero_point, words, &p.dp32, &p.encoder, mode, True, True)
+        else:
+            datapath_f32_small_float(x, y, n, scale, zero_point, words, &p.dp32, &p.encoder, mode, False, True)
+    elif p.reciprocal:
+        datapath_f32_small_float(x, y, n, scale, zero_point, words, &p.dp32, &p.encoder, mode, True, False)
+    else:
+        datapath_f32_small_float(x, y, n, scale, zero_point, words, &p.dp32, &p.encoder, mode, False, False)
+
+
+cdef inline void run_datapath_f32(const float* x, code_storage_t* y, Py_ssize_t n,
+                                  const double* scale, const double* zero_point, bint vary,
+                                  const uint32_t* words, const QuantizePlan* p) noexcept nogil:
+    # run_datapath for float32 x on the plan's datapath_f32: the mode as a constant.
+    cdef int mode = p.rounding
+    if p.code_kind == CODE_INTEGER:
+        if mode == DP_HALF_EVEN:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_EVEN)
+        elif mode == DP_HALF_AWAY:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_AWAY)
+        elif mode == DP_HALF_UP:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_UP)
+        elif mode == DP_HALF_DOWN:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_DOWN)
+        elif mode == DP_TOWARD_ZERO:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_TOWARD_ZERO)
+        elif mode == DP_DOWN:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_DOWN)
+        elif mode == DP_UP:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_UP)
+        elif mode == DP_TO_ODD:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_TO_ODD)
+        else:
+            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_STOCHASTIC)
+    elif code_storage_t is uint8_t:
+        if mode == DP_HALF_EVEN:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_EVEN)
+        elif mode == DP_HALF_AWAY:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_AWAY)
+        elif mode == DP_HALF_UP:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_UP)
+        elif mode == DP_HALF_DOWN:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_DOWN)
+        elif mode == DP_TOWARD_ZERO:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_TOWARD_ZERO)
+        elif mode == DP_DOWN:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_DOWN)
+        elif mode == DP_UP:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_UP)
+        elif mode == DP_TO_ODD:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_TO_ODD)
+        else:
+            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_STOCHASTIC)
+
+
 cdef inline void run_f32_integer_constant(const float* x, code_storage_t* y, Py_ssize_t n,
                                           float s, int32_t z, int32_t lo, int32_t hi,
                                           int32_t mask) noexcept nogil:
@@ -323,6 +522,11 @@ cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t
                              const QuantizePlan* p) noexcept nogil:
     # first: the index of x[0] in the whole x (where its random bits are).
     if p.datapath:
+        if x_storage_t is float:
+            if p.datapath_f32:
+                run_datapath_f32(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
+                                 p.random_bits + first if p.random_bits != NULL else NULL, p)
+                return
         run_datapath(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
                      p.random_bits + first if p.random_bits != NULL else NULL, p)
         return
@@ -531,6 +735,26 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
         piece = piece_end
 
 
+cdef void set_datapath_f32(DatapathF32* d, const QuantizePlan* p, int small_float_id) noexcept:
+    cdef SmallFloatFormat f = small_float_format(small_float_id)
+    # The minimum normals are powers of two, float32 values: the float compare is the
+    # double one of datapath_quotient.
+    d.x_min_normal = <float>p.x_min_normal if p.flush_inputs else <float>0.0
+    d.scale_min_normal = <float>p.scale_min_normal if p.flush_inputs else <float>0.0
+    d.lo = <int32_t>p.lo
+    d.hi = <int32_t>p.hi
+    d.mask = p.mask
+    d.nan_override = p.nan_to_integer != DP_NAN_ZERO
+    d.nan_code = d.hi if p.nan_to_integer == DP_NAN_MAX else d.lo
+    d.shift = 23 - f.mantissa_bits
+    d.fraction_mask = (1 << d.shift) - 1
+    d.fraction_scale = <float>pow2(-d.shift)
+    d.min_normal_bits = (f.min_exponent + 127) << 23
+    d.subnormal_scale = <float>pow2(f.mantissa_bits - f.min_exponent)
+    d.subnormal_ulp = <float>pow2(f.min_exponent - f.mantissa_bits)
+    d.flush_outputs = p.flush_outputs
+
+
 cdef class QuantizeConfig:
     """How a QuantizeLinear plan computes: built once per plan (qemu_q/ops/quantize_linear.py),
     checked here, then passed to every call of the plan with its arrays. Keyword
@@ -554,7 +778,8 @@ cdef class QuantizeConfig:
                  int small_float_rules, int path, int code_bits, bint datapath=False,
                  int rounding=DP_HALF_EVEN, bint reciprocal=False, bint float64_quotient=False,
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
-                 double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False):
+                 double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False,
+                 bint datapath_f32=False):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if x_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32):
@@ -619,6 +844,15 @@ cdef class QuantizeConfig:
         self.plan.sf_min_exponent = small_float_format(
             small_float_id if code_kind != CODE_INTEGER else 0).min_exponent
         self.plan.random_bits = NULL
+        # The float32 loops compute what datapath_quotient's float32 branches compute: float32
+        # x (the loops read float storage), float32-valued scales, and the quotient, or the
+        # reciprocal and product, in float32.
+        if datapath_f32 and not (datapath and x_format == FMT_FLOAT32 and self.plan.f32_operands
+                                 and not float64_quotient
+                                 and (reciprocal or precision == FMT_FLOAT32)):
+            raise ValueError("datapath_f32 needs a datapath with float32 x and scale and a float32 quotient")
+        self.plan.datapath_f32 = datapath_f32
+        set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
     @property
     def stochastic(self):
