@@ -655,8 +655,7 @@ cdef inline double round_to_small_float_value(double q, int mantissa_bits, int m
 # loops of _quantize.pyx (run_datapath_f32). They give round_magnitude's bits on every
 # magnitude those loops hand them: a float32 t = |value| / ulp with t < 2**24, split into
 # whole = floor(t) (a truncation) and frac = t - whole, which is exact (Sterbenz for
-# t >= 1, frac = t below). `mode` is a constant at every call, so that the compiler keeps
-# only its own compares.
+# t >= 1, frac = t below).
 cdef inline uint32_t fraction_word_f32(float frac) noexcept nogil:
     # floor(frac * 2**32) for 0 <= frac < 1: round_magnitude's first 32 bits of the
     # fraction. The product is exact; below 2**31 a truncation to int32 is the floor (from
@@ -672,31 +671,53 @@ cdef inline uint32_t fraction_word_f32(float frac) noexcept nogil:
                                 <int32_t>low)
 
 
-cdef inline int32_t datapath_round_up_f32(int mode, int32_t odd, float frac, int32_t negative,
-                                          uint32_t random_word) noexcept nogil:
-    # 1 where round_magnitude adds one to `whole` (odd: whole & 1; negative: 0 or 1).
-    cdef int32_t above = frac > <float>0.5
-    cdef int32_t tie = frac == <float>0.5
-    cdef int32_t inexact = frac != <float>0.0
-    cdef uint32_t word
-    if mode == DP_HALF_EVEN:
-        return above | (tie & odd)
-    if mode == DP_HALF_AWAY:
-        return above | tie
-    if mode == DP_HALF_UP:
-        return above | (tie & (1 - negative))
-    if mode == DP_HALF_DOWN:
-        return above | (tie & negative)
-    if mode == DP_TOWARD_ZERO:
-        return 0
-    if mode == DP_DOWN:
-        return inexact & negative
-    if mode == DP_UP:
-        return inexact & (1 - negative)
-    if mode == DP_TO_ODD:
-        return inexact & (1 - odd)
-    # stochastic: the carry out of 32 bits when the word is added to the fraction's
-    word = fraction_word_f32(frac)
+# 1 where round_magnitude adds one to `whole`, one function per mode (odd: whole & 1;
+# negative: 0 or 1; random_word: the element's word, read by stochastic only). Each loop
+# of _datapath_loops.pxi calls its mode's by name: no mode is ever a run-time value there.
+cdef inline int32_t datapath_round_up_half_even(int32_t odd, float frac, int32_t negative,
+                                                uint32_t random_word) noexcept nogil:
+    return (frac > <float>0.5) | ((frac == <float>0.5) & odd)
+
+
+cdef inline int32_t datapath_round_up_half_away(int32_t odd, float frac, int32_t negative,
+                                                uint32_t random_word) noexcept nogil:
+    return frac >= <float>0.5
+
+
+cdef inline int32_t datapath_round_up_half_up(int32_t odd, float frac, int32_t negative,
+                                              uint32_t random_word) noexcept nogil:
+    return (frac > <float>0.5) | ((frac == <float>0.5) & (1 - negative))
+
+
+cdef inline int32_t datapath_round_up_half_down(int32_t odd, float frac, int32_t negative,
+                                                uint32_t random_word) noexcept nogil:
+    return (frac > <float>0.5) | ((frac == <float>0.5) & negative)
+
+
+cdef inline int32_t datapath_round_up_toward_zero(int32_t odd, float frac, int32_t negative,
+                                                  uint32_t random_word) noexcept nogil:
+    return 0
+
+
+cdef inline int32_t datapath_round_up_down(int32_t odd, float frac, int32_t negative,
+                                           uint32_t random_word) noexcept nogil:
+    return (frac != <float>0.0) & negative
+
+
+cdef inline int32_t datapath_round_up_up(int32_t odd, float frac, int32_t negative,
+                                         uint32_t random_word) noexcept nogil:
+    return (frac != <float>0.0) & (1 - negative)
+
+
+cdef inline int32_t datapath_round_up_to_odd(int32_t odd, float frac, int32_t negative,
+                                             uint32_t random_word) noexcept nogil:
+    return (frac != <float>0.0) & (1 - odd)
+
+
+cdef inline int32_t datapath_round_up_stochastic(int32_t odd, float frac, int32_t negative,
+                                                 uint32_t random_word) noexcept nogil:
+    # the carry out of 32 bits when the word is added to the fraction's first 32 bits
+    cdef uint32_t word = fraction_word_f32(frac)
     return <uint32_t>(word + random_word) < word
 
 

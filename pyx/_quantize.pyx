@@ -26,7 +26,10 @@ from _codecs cimport (
     SmallFloatFormat, small_float_format, round_to_value_format, round_magnitude,
     round_to_small_float_value, DP_HALF_EVEN, DP_STOCHASTIC, DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX,
     DP_HALF_AWAY, DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD,
-    select_i32, select_f32, float_bits, bits_float, pow2, datapath_round_up_f32, flush_subnormal_f32,
+    select_i32, select_f32, float_bits, bits_float, pow2, flush_subnormal_f32,
+    datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
+    datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
+    datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -296,174 +299,30 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
 # step of datapath_one is one float32 operation or an integer operation on the bits:
 # the quotient x / s or x * (1 / s) (one IEEE rounding each, as datapath_quotient's
 # float32 branch), the input flush as a select, the rounding by mode on whole = floor(|q|)
-# and the exact frac = |q| - whole (datapath_round_up_f32), the zero point, clamp and NaN
-# rule in int32. No branch depends on an element, and the rounding mode, the scale mode
-# and whether the parameters vary are constants of each loop (datapath_f32_integer_as,
-# datapath_f32_small_float_as), so the compiler vectorizes every one of them. The bits are
+# and the exact frac = |q| - whole (datapath_round_up_<mode> in _codecs.pxd), the zero
+# point, clamp and NaN rule in int32. No branch depends on an element, and the rounding
+# mode, the scale mode and whether the parameters vary are constants of each loop
+# (_datapath_loops.pxi.tp), so the compiler vectorizes every one of them. The bits are
 # datapath_one's (tests/test_datapath_fast.py runs both against the exact oracle).
-cdef inline void datapath_f32_integer(const float* x, code_storage_t* y, Py_ssize_t n,
-                                      const double* scale, const double* zero_point,
-                                      const uint32_t* words, const DatapathF32* datapath,
-                                      int mode, bint reciprocal, bint vary) noexcept nogil:
-    # datapath_one for integer codes. |q| is clamped to 2**24 (NaN there too): beyond it q
-    # is an integer and every code saturates whatever the rounding, and the truncation to
-    # int32 stays in range. A NaN rounds as 0 (nan_to_integer "zero": the zero point,
-    # clamped) unless the rule overrides it.
-    cdef DatapathF32 d = datapath[0]
-    cdef Py_ssize_t i
-    cdef float s = flush_subnormal_f32(<float>scale[0], d.scale_min_normal)
-    cdef float m = (<float>1.0 / s) if reciprocal else s
-    cdef int32_t z = <int32_t>zero_point[0]
-    cdef float v, q, a, frac
-    cdef int32_t nan, negative, whole, code
-    cdef uint32_t word = 0
-    for i in range(n):
-        if vary:
-            s = flush_subnormal_f32(<float>scale[i], d.scale_min_normal)
-            m = (<float>1.0 / s) if reciprocal else s
-            z = <int32_t>zero_point[i]
-        if mode == DP_STOCHASTIC:
-            word = words[i]
-        v = flush_subnormal_f32(x[i], d.x_min_normal)
-        q = v * m if reciprocal else v / m
-        nan = q != q
-        negative = q < <float>0.0
-        a = fabsf(q)
-        a = a if a < <float>16777216.0 else <float>16777216.0
-        a = select_f32(nan, <float>0.0, a)
-        whole = <int32_t>a
-        frac = a - <float>whole
-        whole = whole + datapath_round_up_f32(mode, whole & 1, frac, negative, word)
-        code = select_i32(negative, -whole, whole) + z
-        code = code if code > d.lo else d.lo
-        code = code if code < d.hi else d.hi
-        code = select_i32(nan & d.nan_override, d.nan_code, code)
-        y[i] = <code_storage_t>(code & d.mask)
+cdef enum:
+    # Rounded small-float values per encode_small_floats call: an L1-resident buffer.
+    DATAPATH_CHUNK = 512
 
 
-cdef inline void datapath_f32_small_float(const float* x, uint8_t* y, Py_ssize_t n,
-                                          const double* scale, const double* zero_point,
-                                          const uint32_t* words, const DatapathF32* datapath,
-                                          const SmallFloat32Encoder* encoder, int mode,
-                                          bint reciprocal, bint vary) noexcept nogil:
-    # datapath_one for small-float codes: round_to_small_float_value on the float32 bits.
-    # At or above the smallest normal, whole = the bits above the target's ulp (exponent
-    # included: a carry of the increment moves to the next binade, as the value does) and
-    # frac = the bits below it, scaled to [0, 1); below it, |q| * 2**(mantissa_bits -
-    # min_exponent) counts subnormal ulps exactly. |q| is clamped to 2**20 first, as
-    # there, and inf/NaN pass to the encoder untouched.
-    cdef DatapathF32 d = datapath[0]
+cdef void encode_small_floats(const float* values, uint8_t* y, Py_ssize_t n,
+                              const SmallFloat32Encoder* encoder) noexcept nogil:
+    # Values the datapath rounded already (or beyond max, inf, NaN): the encoder applies
+    # the Cast table's rows and rounds nothing. One copy of the encoder's loop for all
+    # the datapath's small-float loops.
     cdef SmallFloat32Encoder e = encoder[0]
     cdef Py_ssize_t i
-    cdef float s = flush_subnormal_f32(<float>scale[0], d.scale_min_normal)
-    cdef float m = (<float>1.0 / s) if reciprocal else s
-    cdef float z = <float>zero_point[0]
-    cdef float v, q, t, frac, frac_normal, frac_subnormal
-    cdef int32_t bits, sign, magnitude, subnormal, whole, whole_subnormal, rounded
-    cdef uint32_t word = 0
     for i in range(n):
-        if vary:
-            s = flush_subnormal_f32(<float>scale[i], d.scale_min_normal)
-            m = (<float>1.0 / s) if reciprocal else s
-            z = <float>zero_point[i]
-        if mode == DP_STOCHASTIC:
-            word = words[i]
-        v = flush_subnormal_f32(x[i], d.x_min_normal)
-        # the zero point (+0 or -0) decides the sign of a zero quotient
-        q = (v * m if reciprocal else v / m) + z
-        bits = <int32_t>float_bits(q)
-        sign = bits & <int32_t>(-2147483647 - 1)
-        magnitude = bits & 0x7FFFFFFF
-        magnitude = magnitude if magnitude < 0x49800000 else 0x49800000  # 2**20
-        subnormal = magnitude < d.min_normal_bits
-        frac_normal = <float>(magnitude & d.fraction_mask) * d.fraction_scale
-        t = select_f32(subnormal, bits_float(<uint32_t>magnitude), <float>0.0) * d.subnormal_scale
-        whole_subnormal = <int32_t>t
-        frac_subnormal = t - <float>whole_subnormal
-        whole = select_i32(subnormal, whole_subnormal, magnitude >> d.shift)
-        frac = select_f32(subnormal, frac_subnormal, frac_normal)
-        whole = whole + datapath_round_up_f32(mode, whole & 1, frac, q < <float>0.0, word)
-        rounded = select_i32(subnormal, <int32_t>float_bits(<float>whole * d.subnormal_ulp),
-                             whole << d.shift)
-        rounded = select_i32(d.flush_outputs & (rounded < d.min_normal_bits), 0, rounded)
-        rounded = select_i32((bits & 0x7FFFFFFF) >= 0x7F800000, bits, rounded | sign)
-        y[i] = <uint8_t>encode_small_float32(bits_float(<uint32_t>rounded), &e)
+        y[i] = <uint8_t>encode_small_float32(values[i], &e)
 
 
-cdef inline void datapath_f32_integer_as(const float* x, code_storage_t* y, Py_ssize_t n,
-                                         const double* scale, const double* zero_point, bint vary,
-                                         const uint32_t* words, const QuantizePlan* p,
-                                         int mode) noexcept nogil:
-    # mode is a constant here: one loop per (mode, reciprocal, vary).
-    if vary:
-        if p.reciprocal:
-            datapath_f32_integer(x, y, n, scale, zero_point, words, &p.dp32, mode, True, True)
-        else:
-            datapath_f32_integer(x, y, n, scale, zero_point, words, &p.dp32, mode, False, True)
-    elif p.reciprocal:
-        datapath_f32_integer(x, y, n, scale, zero_point, words, &p.dp32, mode, True, False)
-    else:
-        datapath_f32_integer(x, y, n, scale, zero_point, words, &p.dp32, mode, False, False)
-
-
-cdef inline void datapath_f32_small_float_as(const float* x, uint8_t* y, Py_ssize_t n,
-                                             const double* scale, const double* zero_point,
-                                             bint vary, const uint32_t* words,
-                                             const QuantizePlan* p, int mode) noexcept nogil:
-    if vary:
-        if p.reciprocal:
-            datapath_f32_small_float(x, y, n, scale, zero_point, words, &p.dp32, &p.encoder, mode, True, True)
-        else:
-            datapath_f32_small_float(x, y, n, scale, zero_point, words, &p.dp32, &p.encoder, mode, False, True)
-    elif p.reciprocal:
-        datapath_f32_small_float(x, y, n, scale, zero_point, words, &p.dp32, &p.encoder, mode, True, False)
-    else:
-        datapath_f32_small_float(x, y, n, scale, zero_point, words, &p.dp32, &p.encoder, mode, False, False)
-
-
-cdef inline void run_datapath_f32(const float* x, code_storage_t* y, Py_ssize_t n,
-                                  const double* scale, const double* zero_point, bint vary,
-                                  const uint32_t* words, const QuantizePlan* p) noexcept nogil:
-    # run_datapath for float32 x on the plan's datapath_f32: the mode as a constant.
-    cdef int mode = p.rounding
-    if p.code_kind == CODE_INTEGER:
-        if mode == DP_HALF_EVEN:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_EVEN)
-        elif mode == DP_HALF_AWAY:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_AWAY)
-        elif mode == DP_HALF_UP:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_UP)
-        elif mode == DP_HALF_DOWN:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_DOWN)
-        elif mode == DP_TOWARD_ZERO:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_TOWARD_ZERO)
-        elif mode == DP_DOWN:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_DOWN)
-        elif mode == DP_UP:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_UP)
-        elif mode == DP_TO_ODD:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_TO_ODD)
-        else:
-            datapath_f32_integer_as(x, y, n, scale, zero_point, vary, words, p, DP_STOCHASTIC)
-    elif code_storage_t is uint8_t:
-        if mode == DP_HALF_EVEN:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_EVEN)
-        elif mode == DP_HALF_AWAY:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_AWAY)
-        elif mode == DP_HALF_UP:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_UP)
-        elif mode == DP_HALF_DOWN:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_HALF_DOWN)
-        elif mode == DP_TOWARD_ZERO:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_TOWARD_ZERO)
-        elif mode == DP_DOWN:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_DOWN)
-        elif mode == DP_UP:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_UP)
-        elif mode == DP_TO_ODD:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_TO_ODD)
-        else:
-            datapath_f32_small_float_as(x, y, n, scale, zero_point, vary, words, p, DP_STOCHASTIC)
+# run_datapath_f32 and its loops, one per rounding mode, scale mode and parameter layout,
+# generated from _datapath_loops.pxi.tp by setup.py.
+include "_datapath_loops.pxi"
 
 
 cdef inline void run_f32_integer_constant(const float* x, code_storage_t* y, Py_ssize_t n,
