@@ -777,7 +777,7 @@ DATAPATH_TARGET = 1.5
 
 
 def run_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("int8", "float8e4m3fn"),
-                 layouts=("per-tensor",)) -> int:
+                 layouts=("per-tensor",), only=None) -> int:
     """quantize_linear with each qemu_q.Datapath option against the default datapath, on
     rows x cols float32 (default 16M) into int8 and float8e4m3fn, per tensor (and, with
     --datapath-layouts, per axis and blocked 32), the two timed alternately in the same
@@ -801,6 +801,8 @@ def run_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("int8
         def default():
             return qemu_q.quantize_linear(x, scale, output_dtype=out, out=y, n_threads=threads, **kw)
         for name, options in DATAPATH_OPTIONS:
+            if only and name not in only:
+                continue
             dp = qemu_q.Datapath(**options)
             bits_in = words if dp.rounding == "stochastic" else None
 
@@ -856,10 +858,13 @@ def main(argv=None):
     p.add_argument("--datapath-layouts", default="per-tensor",
                    help="with --datapath: comma-separated layouts among per-tensor, 'per-axis 0', "
                         "'blocked 32' (default per-tensor)")
+    p.add_argument("--datapath-options", help="with --datapath: comma-separated option names "
+                                              "(default: all of DATAPATH_OPTIONS)")
     args = p.parse_args(argv)
     if args.datapath:
         return run_datapath(args.threads, args.repeat, args.rows, args.cols,
-                            layouts=tuple(args.datapath_layouts.split(",")))
+                            layouts=tuple(args.datapath_layouts.split(",")),
+                            only=args.datapath_options.split(",") if args.datapath_options else None)
     if args.mx:
         return run_mx(args.threads, args.repeat, args.rows, args.cols)
     if args.requantize:

@@ -130,6 +130,7 @@ cdef struct DatapathF32:
     int32_t fraction_mask     # (1 << shift) - 1: the float32 bits below the target's ulp
     float fraction_scale      # 2**-shift
     int32_t min_normal_bits   # float32 bits of the target's smallest normal
+    int32_t min_normal_code   # its code, 1 << mantissa bits
     float subnormal_scale     # 2**(mantissa_bits - min_exponent): |q| in subnormal ulps
     float subnormal_ulp       # 2**(min_exponent - mantissa_bits)
     int32_t flush_outputs     # 1: a result below the smallest normal becomes zero
@@ -304,22 +305,6 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
 # mode, the scale mode and whether the parameters vary are constants of each loop
 # (_datapath_loops.pxi.tp), so the compiler vectorizes every one of them. The bits are
 # datapath_one's (tests/test_datapath_fast.py runs both against the exact oracle).
-cdef enum:
-    # Rounded small-float values per encode_small_floats call: an L1-resident buffer.
-    DATAPATH_CHUNK = 512
-
-
-cdef void encode_small_floats(const float* values, uint8_t* y, Py_ssize_t n,
-                              const SmallFloat32Encoder* encoder) noexcept nogil:
-    # Values the datapath rounded already (or beyond max, inf, NaN): the encoder applies
-    # the Cast table's rows and rounds nothing. One copy of the encoder's loop for all
-    # the datapath's small-float loops.
-    cdef SmallFloat32Encoder e = encoder[0]
-    cdef Py_ssize_t i
-    for i in range(n):
-        y[i] = <uint8_t>encode_small_float32(values[i], &e)
-
-
 # run_datapath_f32 and its loops, one per rounding mode, scale mode and parameter layout,
 # generated from _datapath_loops.pxi.tp by setup.py.
 include "_datapath_loops.pxi"
@@ -609,6 +594,7 @@ cdef void set_datapath_f32(DatapathF32* d, const QuantizePlan* p, int small_floa
     d.fraction_mask = (1 << d.shift) - 1
     d.fraction_scale = <float>pow2(-d.shift)
     d.min_normal_bits = (f.min_exponent + 127) << 23
+    d.min_normal_code = 1 << f.mantissa_bits
     d.subnormal_scale = <float>pow2(f.mantissa_bits - f.min_exponent)
     d.subnormal_ulp = <float>pow2(f.min_exponent - f.mantissa_bits)
     d.flush_outputs = p.flush_outputs
