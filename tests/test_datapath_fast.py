@@ -343,6 +343,7 @@ def test_every_option_independent_of_threads_and_levels(out):
             first = None
             for lv, n in itertools.product(LEVELS, (1, 2, 3)):
                 _kernels.use(lv)
+                assert _kernels.active.level == lv
                 got = quantize(x, scale, out, dp, w, n_threads=n, **kw)
                 if first is None:
                     first = got
@@ -352,6 +353,20 @@ def test_every_option_independent_of_threads_and_levels(out):
         _kernels.use(level)
 
 
-def test_levels_are_tested():
-    # The test above compares levels only where more than one runs here.
-    assert "baseline" in LEVELS
+def test_the_levels_run_their_own_float32_loops():
+    # The level comparison above means something only if each level's module runs the
+    # float32 loops: the same plan's config, built by each level's module, says so.
+    level = _kernels.active.level
+    x = np.ones(8, np.float32)
+    fields = plan_fields(x, np.float32(0.5), "int8", qemu_q.Datapath(rounding="down"))
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            module = _dispatch.entry_module(_dispatch.Path.QUANTIZE)
+            assert lv == "baseline" or lv.replace("-", "_") in module.__name__
+            module.QuantizeConfig(**fields)
+            got = qemu_q.quantize_linear(f32([2.5, -2.5, 0.5]), np.float32(1), output_dtype="int8",
+                                         datapath=qemu_q.Datapath(rounding="down"))
+            assert got.tolist() == [2, -3, 0], lv
+    finally:
+        _kernels.use(level)
