@@ -749,6 +749,79 @@ def run_requantize(threads: int, repeat: int, rows: int, cols: int) -> int:
     return 0
 
 
+# The datapath options timed by --datapath, each against the default datapath in the same
+# run (issue 15: each within 1.5x of the default on the 16M-element cases).
+DATAPATH_OPTIONS = [
+    ("half_away", dict(rounding="half_away")),
+    ("half_up", dict(rounding="half_up")),
+    ("half_down", dict(rounding="half_down")),
+    ("toward_zero", dict(rounding="toward_zero")),
+    ("down", dict(rounding="down")),
+    ("up", dict(rounding="up")),
+    ("to_odd", dict(rounding="to_odd")),
+    ("stochastic", dict(rounding="stochastic")),
+    ("half_even (datapath loop)", dict(scale_precision="float32", rounding="half_even", nan_to_integer="zero")),
+    ("reciprocal float32", dict(scale="reciprocal", scale_precision="float32")),
+    ("reciprocal float64", dict(scale="reciprocal", scale_precision="float64")),
+    ("divide float64", dict(scale_precision="float64")),
+    ("nan canonical", dict(nan="canonical")),
+    ("nan_to_integer zero", dict(nan_to_integer="zero")),
+    ("nan_to_integer max", dict(nan_to_integer="max")),
+    ("flush_inputs", dict(subnormals="flush_inputs")),
+    ("flush_outputs", dict(subnormals="flush_outputs")),
+    ("flush_both", dict(subnormals="flush_both")),
+    ("all: half_away recip flush_both", dict(rounding="half_away", scale="reciprocal",
+                                             scale_precision="float32", subnormals="flush_both")),
+]
+DATAPATH_TARGET = 1.5
+
+
+def run_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("int8", "float8e4m3fn"),
+                 layouts=("per-tensor",), only=None) -> int:
+    """quantize_linear with each qemu_q.Datapath option against the default datapath, on
+    rows x cols float32 (default 16M) into int8 and float8e4m3fn, per tensor (and, with
+    --datapath-layouts, per axis and blocked 32), the two timed alternately in the same
+    run; each option's time over the default's, against DATAPATH_TARGET. Returns 1 when an
+    option the float32 loops cover misses the target."""
+    rng = np.random.default_rng(SEED)
+    x = (rng.standard_normal((rows, cols)) * 30).astype(np.float32)
+    words = rng.integers(0, 2**32, x.shape, dtype=np.uint64).astype(np.uint32)
+    scales = {"per-tensor": (np.float32(0.37), {}),
+              "per-axis 0": ((rng.uniform(0.1, 1, rows)).astype(np.float32), {"axis": 0}),
+              "blocked 32": ((rng.uniform(0.1, 1, (rows, cols // 32))).astype(np.float32),
+                             {"axis": 1, "block_size": 32})}
+    print(f"{rows}x{cols} float32 ({x.size} elements), best of {repeat} rounds, {threads} threads, "
+          f"kernels {_kernels.active.level}")
+    print(f"{'output':<13} {'layout':<11} {'option':<34} {'default':>9} {'option':>9} {'ratio':>6}")
+    missed = []
+    for out, layout in [(o, lay) for o in outputs for lay in layouts]:
+        scale, kw = scales[layout]
+        y = np.empty(x.shape, qemu_q.quantize_linear(x[:1, :1], np.float32(1), output_dtype=out).dtype)
+
+        def default():
+            return qemu_q.quantize_linear(x, scale, output_dtype=out, out=y, n_threads=threads, **kw)
+        for name, options in DATAPATH_OPTIONS:
+            if only and name not in only:
+                continue
+            dp = qemu_q.Datapath(**options)
+            bits_in = words if dp.rounding == "stochastic" else None
+
+            def option(dp=dp, bits_in=bits_in):
+                return qemu_q.quantize_linear(x, scale, output_dtype=out, out=y, n_threads=threads,
+                                              datapath=dp, random_bits=bits_in, **kw)
+            times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
+            ratio = times["option"] / times["default"]
+            float64 = "float64" in (dp.scale_precision or "")
+            mark = "" if ratio <= DATAPATH_TARGET else ("  (float64: scalar path)" if float64 else "  MISSED")
+            if ratio > DATAPATH_TARGET and not float64:
+                missed.append((out, layout, name))
+            print(f"{out:<13} {layout:<11} {name:<34} {times['default'] * 1e3:>7.2f}ms "
+                  f"{times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}", flush=True)
+    if missed:
+        print(f"over {DATAPATH_TARGET}x: {missed}")
+    return 1 if missed else 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", help="comma-separated case names (default: all; see --list)")
@@ -779,7 +852,19 @@ def main(argv=None):
                    help="only the MX target (MXFP4, MXFP8 vs QuantizeLinear int4 blocked-32 packed)")
     p.add_argument("--requantize", action="store_true",
                    help="only qemu_q.requantize (every scheme, 16M int32 accumulators) vs numpy")
+    p.add_argument("--datapath", action="store_true",
+                   help="only the qemu_q.Datapath options, each vs the default datapath (16M float32 "
+                        "-> int8 and float8e4m3fn)")
+    p.add_argument("--datapath-layouts", default="per-tensor",
+                   help="with --datapath: comma-separated layouts among per-tensor, 'per-axis 0', "
+                        "'blocked 32' (default per-tensor)")
+    p.add_argument("--datapath-options", help="with --datapath: comma-separated option names "
+                                              "(default: all of DATAPATH_OPTIONS)")
     args = p.parse_args(argv)
+    if args.datapath:
+        return run_datapath(args.threads, args.repeat, args.rows, args.cols,
+                            layouts=tuple(args.datapath_layouts.split(",")),
+                            only=args.datapath_options.split(",") if args.datapath_options else None)
     if args.mx:
         return run_mx(args.threads, args.repeat, args.rows, args.cols)
     if args.requantize:

@@ -829,3 +829,80 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
     if shift <= 0:
         return ldexp(<double>m, k)
     return ldexp(<double>round_exact_units(m, shift, negative, mode, random_word), ulp_exponent)
+
+
+# The datapath roundings on float32 operands, branch-free, for the vectorized datapath
+# loops of _quantize.pyx (run_datapath_f32). They give round_magnitude's bits on every
+# magnitude those loops hand them: a float32 t = |value| / ulp with t < 2**24, split into
+# whole = floor(t) (a truncation) and frac = t - whole, which is exact (Sterbenz for
+# t >= 1, frac = t below).
+cdef inline uint32_t fraction_word_f32(float frac) noexcept nogil:
+    # floor(frac * 2**32) for 0 <= frac < 1: round_magnitude's first 32 bits of the
+    # fraction. The product is exact; below 2**31 a truncation to int32 is the floor (from
+    # 2**24 up the product is an integer already); from 2**31 up, where int32 ends, the
+    # product minus 2**31 is exact (Sterbenz) and converts instead. Both conversions are
+    # computed on in-range operands and one is selected.
+    cdef float f = frac * <float>4294967296.0
+    cdef float low = f if f < <float>2147483520.0 else <float>2147483520.0  # the float below 2**31
+    cdef float high = f - <float>2147483648.0
+    high = high if high > <float>0.0 else <float>0.0
+    return <uint32_t>select_i32(f >= <float>2147483648.0,
+                                <int32_t>(<uint32_t><int32_t>high + <uint32_t>0x80000000),
+                                <int32_t>low)
+
+
+# 1 where round_magnitude adds one to `whole`, one function per mode (odd: whole & 1;
+# negative: 0 or 1; random_word: the element's word, read by stochastic only). Each loop
+# of _datapath_loops.pxi calls its mode's by name: no mode is ever a run-time value there.
+cdef inline int32_t datapath_round_up_half_even(int32_t odd, float frac, int32_t negative,
+                                                uint32_t random_word) noexcept nogil:
+    return (frac > <float>0.5) | ((frac == <float>0.5) & odd)
+
+
+cdef inline int32_t datapath_round_up_half_away(int32_t odd, float frac, int32_t negative,
+                                                uint32_t random_word) noexcept nogil:
+    return frac >= <float>0.5
+
+
+cdef inline int32_t datapath_round_up_half_up(int32_t odd, float frac, int32_t negative,
+                                              uint32_t random_word) noexcept nogil:
+    return (frac > <float>0.5) | ((frac == <float>0.5) & (1 - negative))
+
+
+cdef inline int32_t datapath_round_up_half_down(int32_t odd, float frac, int32_t negative,
+                                                uint32_t random_word) noexcept nogil:
+    return (frac > <float>0.5) | ((frac == <float>0.5) & negative)
+
+
+cdef inline int32_t datapath_round_up_toward_zero(int32_t odd, float frac, int32_t negative,
+                                                  uint32_t random_word) noexcept nogil:
+    return 0
+
+
+cdef inline int32_t datapath_round_up_down(int32_t odd, float frac, int32_t negative,
+                                           uint32_t random_word) noexcept nogil:
+    return (frac != <float>0.0) & negative
+
+
+cdef inline int32_t datapath_round_up_up(int32_t odd, float frac, int32_t negative,
+                                         uint32_t random_word) noexcept nogil:
+    return (frac != <float>0.0) & (1 - negative)
+
+
+cdef inline int32_t datapath_round_up_to_odd(int32_t odd, float frac, int32_t negative,
+                                             uint32_t random_word) noexcept nogil:
+    return (frac != <float>0.0) & (1 - odd)
+
+
+cdef inline int32_t datapath_round_up_stochastic(int32_t odd, float frac, int32_t negative,
+                                                 uint32_t random_word) noexcept nogil:
+    # the carry out of 32 bits when the word is added to the fraction's first 32 bits
+    cdef uint32_t word = fraction_word_f32(frac)
+    return <uint32_t>(word + random_word) < word
+
+
+cdef inline float flush_subnormal_f32(float v, float min_normal) noexcept nogil:
+    # v with |v| < min_normal replaced by a zero of its sign (min_normal 0: v unchanged;
+    # NaN compares false and stays).
+    cdef int32_t b = <int32_t>float_bits(v)
+    return bits_float(<uint32_t>select_i32(fabsf(v) < min_normal, b & <int32_t>(-2147483647 - 1), b))

@@ -8,7 +8,7 @@
 # general scalar path. Both give the same bits (tests/test_kernels.py runs them side by side).
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport fabs, copysign, fma, frexp, isnan, isinf
+from libc.math cimport fabs, fabsf, copysign, fma, frexp, isnan, isinf
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uintptr_t
 
 from _layout cimport (
@@ -25,6 +25,11 @@ from _codecs cimport (
     encode_integer, round_biased, saturate_biased, ROUND_MAGIC_BITS,
     SmallFloatFormat, small_float_format, round_to_value_format, round_magnitude,
     round_to_minifloat_value, valid_small_float_id, DP_HALF_EVEN, DP_STOCHASTIC, DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX,
+    DP_HALF_AWAY, DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD,
+    select_i32, select_f32, float_bits, bits_float, pow2, flush_subnormal_f32,
+    datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
+    datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
+    datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -112,6 +117,25 @@ cdef extern from *:
     enum: HAVE_STREAM_CODES "QEMU_Q_HAVE_STREAM_CODES"
 
 
+cdef struct DatapathF32:
+    # run_datapath_f32's loop invariants, from the plan (QuantizeConfig).
+    float x_min_normal        # subnormals flush_inputs: below it x is flushed (0: kept)
+    float scale_min_normal
+    int32_t lo
+    int32_t hi
+    int32_t mask
+    int32_t nan_override      # 1: a NaN quotient gives nan_code (nan_to_integer min, max)
+    int32_t nan_code
+    int32_t shift             # small floats: 23 - mantissa bits
+    int32_t fraction_mask     # (1 << shift) - 1: the float32 bits below the target's ulp
+    float fraction_scale      # 2**-shift
+    int32_t min_normal_bits   # float32 bits of the target's smallest normal
+    int32_t min_normal_code   # its code, 1 << mantissa bits
+    float subnormal_scale     # 2**(mantissa_bits - min_exponent): |q| in subnormal ulps
+    float subnormal_ulp       # 2**(min_exponent - mantissa_bits)
+    int32_t flush_outputs     # 1: a result below the smallest normal becomes zero
+
+
 cdef struct QuantizePlan:
     int path
     int x_format
@@ -144,6 +168,10 @@ cdef struct QuantizePlan:
     int sf_min_exponent
     int sf_clamp_exponent     # above the format's largest value (qemu_q.minifloat_type's reach 2**127)
     const uint32_t* random_bits  # one word per element of x (stochastic rounding), else NULL
+    # float32 x and scale, the quotient in float32 (x / s, or x * (1 / s)): the datapath's
+    # vectorized float32 loops (run_datapath_f32) instead of datapath_one.
+    bint datapath_f32
+    DatapathF32 dp32
 
 
 cdef inline double load_double(x_storage_t v, int x_format) noexcept nogil:
@@ -268,6 +296,21 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
             y[i] = <code_storage_t>datapath_one(x[i], scale[0], zero_point[0], word, &p)
 
 
+# The datapath's float32 loops. Where x and the scale are float32 values and the quotient
+# is formed in float32 (the ONNX float32 division, or scale_precision="float32"), each
+# step of datapath_one is one float32 operation or an integer operation on the bits:
+# the quotient x / s or x * (1 / s) (one IEEE rounding each, as datapath_quotient's
+# float32 branch), the input flush as a select, the rounding by mode on whole = floor(|q|)
+# and the exact frac = |q| - whole (datapath_round_up_<mode> in _codecs.pxd), the zero
+# point, clamp and NaN rule in int32. No branch depends on an element, and the rounding
+# mode, the scale mode and whether the parameters vary are constants of each loop
+# (_datapath_loops.pxi.tp), so the compiler vectorizes every one of them. The bits are
+# datapath_one's (tests/test_datapath_fast.py runs both against the exact oracle).
+# run_datapath_f32 and its loops, one per rounding mode, scale mode and parameter layout,
+# generated from _datapath_loops.pxi.tp by setup.py.
+include "_datapath_loops.pxi"
+
+
 cdef inline void run_f32_integer_constant(const float* x, code_storage_t* y, Py_ssize_t n,
                                           float s, int32_t z, int32_t lo, int32_t hi,
                                           int32_t mask) noexcept nogil:
@@ -324,6 +367,11 @@ cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t
                              const QuantizePlan* p) noexcept nogil:
     # first: the index of x[0] in the whole x (where its random bits are).
     if p.datapath:
+        if x_storage_t is float:
+            if p.datapath_f32:
+                run_datapath_f32(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
+                                 p.random_bits + first if p.random_bits != NULL else NULL, p)
+                return
         run_datapath(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
                      p.random_bits + first if p.random_bits != NULL else NULL, p)
         return
@@ -532,6 +580,27 @@ cdef inline void quantize_packed_task(const x_storage_t* x, uint8_t* packed, int
         piece = piece_end
 
 
+cdef void set_datapath_f32(DatapathF32* d, const QuantizePlan* p, int small_float_id) noexcept:
+    cdef SmallFloatFormat f = small_float_format(small_float_id)
+    # The minimum normals are powers of two, float32 values: the float compare is the
+    # double one of datapath_quotient.
+    d.x_min_normal = <float>p.x_min_normal if p.flush_inputs else <float>0.0
+    d.scale_min_normal = <float>p.scale_min_normal if p.flush_inputs else <float>0.0
+    d.lo = <int32_t>p.lo
+    d.hi = <int32_t>p.hi
+    d.mask = p.mask
+    d.nan_override = p.nan_to_integer != DP_NAN_ZERO
+    d.nan_code = d.hi if p.nan_to_integer == DP_NAN_MAX else d.lo
+    d.shift = 23 - f.mantissa_bits
+    d.fraction_mask = (1 << d.shift) - 1
+    d.fraction_scale = <float>pow2(-d.shift)
+    d.min_normal_bits = (f.min_exponent + 127) << 23
+    d.min_normal_code = 1 << f.mantissa_bits
+    d.subnormal_scale = <float>pow2(f.mantissa_bits - f.min_exponent)
+    d.subnormal_ulp = <float>pow2(f.min_exponent - f.mantissa_bits)
+    d.flush_outputs = p.flush_outputs
+
+
 cdef class QuantizeConfig:
     """How a QuantizeLinear plan computes: built once per plan (qemu_q/ops/quantize_linear.py),
     checked here, then passed to every call of the plan with its arrays. Keyword
@@ -555,7 +624,8 @@ cdef class QuantizeConfig:
                  int small_float_rules, int path, int code_bits, bint datapath=False,
                  int rounding=DP_HALF_EVEN, bint reciprocal=False, bint float64_quotient=False,
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
-                 double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False):
+                 double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False,
+                 bint datapath_f32=False):
         cdef int clamp
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
@@ -629,6 +699,15 @@ cdef class QuantizeConfig:
             frexp(small_float_format(small_float_id).max_finite, &clamp)
             self.plan.sf_clamp_exponent = clamp
         self.plan.random_bits = NULL
+        # The float32 loops compute what datapath_quotient's float32 branches compute: float32
+        # x (the loops read float storage), float32-valued scales, and the quotient, or the
+        # reciprocal and product, in float32.
+        if datapath_f32 and not (datapath and x_format == FMT_FLOAT32 and self.plan.f32_operands
+                                 and not float64_quotient
+                                 and (reciprocal or precision == FMT_FLOAT32)):
+            raise ValueError("datapath_f32 needs a datapath with float32 x and scale and a float32 quotient")
+        self.plan.datapath_f32 = datapath_f32
+        set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
     @property
     def stochastic(self):

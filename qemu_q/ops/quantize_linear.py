@@ -128,6 +128,15 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         path = PATH_F32_INTEGER if integer else PATH_F32_SMALL_FLOAT
     else:
         path = PATH_GENERAL
+    # float32 x and scale with the quotient in float32: the datapath's vectorized float32
+    # loops (pyx/_quantize.pyx, run_datapath_f32), the same bits as its scalar path, which
+    # fast_kernels=False (tests) keeps.
+    datapath_f32 = (use_datapath and fast_kernels and x_type.name == "float" and f32_operands
+                    and not float64_quotient
+                    and (datapath.scale == "reciprocal" or precision_format == FMT_FLOAT32)
+                    # the float32 loops encode the ONNX small floats only (their
+                    # small_float_format constants); family integers are lo/hi/mask there
+                    and not (family and not integer))
     small_float_rules = 0
     if family:
         # The family follows the newest Cast table: a NaN keeps its sign (docs/semantics.md,
@@ -160,7 +169,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         flush_inputs=datapath.flush_inputs, flush_outputs=datapath.flush_outputs,
         x_min_normal=_MIN_NORMAL.get(x_type.name, 0.0) if use_datapath else 0.0,
         scale_min_normal=_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
-        f32_operands=f32_operands and use_datapath,
+        f32_operands=f32_operands and use_datapath, datapath_f32=datapath_f32,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 

@@ -1,0 +1,372 @@
+"""The datapath's vectorized float32 loops (pyx/_quantize.pyx run_datapath_f32, generated
+from pyx/_datapath_loops.pxi.tp): float32 x and scale with the quotient in float32.
+
+- Every rounding mode, scale mode, NaN and subnormal policy, into every integer and small
+  float output, against the exact oracle of tests/datapath_oracle.py (Fractions, written
+  from docs/semantics.md): ties of the quotient, their float32 neighbours, the clamp and
+  saturation boundaries, NaN, +-inf, +-0, float32 subnormals, random bit patterns, at
+  lengths that cover the vector loops' heads and tails.
+- The same bits as the scalar datapath path (datapath_one, which `FAST_KERNELS = False`
+  keeps) on a large random input, per tensor, per axis and blocked.
+- The bits independent of the thread count (sizes across the parallel threshold) and of
+  the instruction-set level, for every option.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import qemu_q
+from qemu_q import _dispatch, _kernels
+from support import assert_same_bits, bits
+
+import datapath_oracle as oracle
+
+ROUNDINGS = ["half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd",
+             "stochastic"]
+# output_dtype -> the oracle's name
+OUTPUTS = {
+    "int8": "int8", "uint8": "uint8", "int16": "int16", "uint16": "uint16", "int4": "int4",
+    "uint4": "uint4", "int2": "int2", "uint2": "uint2",
+    "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz", "float8e5m2": "float8_e5m2",
+    "float8e5m2fnuz": "float8_e5m2fnuz", "float4e2m1": "float4_e2m1fn", "float6e2m3": "float6_e2m3fn",
+    "float6e3m2": "float6_e3m2fn",
+}
+SCALE_MODES = [("divide", None), ("divide", "float32"), ("reciprocal", "float32")]
+LEVELS = _kernels.available_levels()
+QUANTIZE_MODULE = sys.modules["qemu_q.ops.quantize_linear"]
+
+
+def random_words(shape, seed=7):
+    return np.random.default_rng(seed).integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
+
+
+def f32(values) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.asarray(values, dtype=np.float64).astype(np.float32)
+
+
+def hard_inputs(scale: float, seed: int = 0) -> np.ndarray:
+    """float32 x whose quotients by `scale` sit on and beside the ties of integers, of each
+    small float's mantissa steps (normal and subnormal), on the saturation boundaries, plus
+    NaN, infinities, signed zeros, float32 subnormals and random bit patterns."""
+    rng = np.random.default_rng(seed)
+    s = float(scale)
+    halves = np.arange(-300, 301) / 2.0                   # integers and their ties
+    steps = np.concatenate([np.arange(-40, 41) / 16.0,    # e4m3/e2m1 mantissa steps and ties
+                            np.arange(-40, 41) * 2.0 ** -9 / 2,  # e4m3fn subnormal steps, halves
+                            np.arange(-40, 41) * 2.0 ** -17 / 2,  # e5m2fnuz subnormal halves
+                            [448, 464, 480, 496, 240, 248, 57344, 61440, 6, 6.5, 7.5, 7.75, 28, 30,
+                             127.5, 128.5, -128.5, -129, 255.5, 32767.5, 65535.5, 2.0 ** 20, 2.0 ** 24]])
+    quotients = np.concatenate([halves, steps, -steps])
+    x = f32(quotients * s)
+    neighbours = np.concatenate([np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(-np.inf))])
+    specials = f32([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1.4e-45, -1.4e-45,
+                    1.17549435e-38, -1.17549435e-38, 3.4e38, -3.4e38, 1e30, -1e30])
+    patterns = rng.integers(0, 2**32, 1500, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    scaled = f32(rng.standard_normal(1500) * np.exp(rng.uniform(-25, 12, 1500)) * s)
+    return np.concatenate([x, neighbours, specials, patterns, scaled])
+
+
+def quantize(x, scale, out, dp, words=None, **kw):
+    return qemu_q.quantize_linear(x, scale, output_dtype=out, datapath=qemu_q.Datapath(**dp),
+                                  random_bits=words, **kw)
+
+
+def check(got, want, what):
+    g = bits(got).astype(np.uint32).ravel()
+    w = np.asarray(want).astype(np.uint32).ravel()
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, (f"{what}: {bad.size} of {g.size} differ; at {bad[:6].tolist()} "
+                           f"got {[hex(v) for v in g[bad[:6]]]} want {[hex(v) for v in w[bad[:6]]]}")
+
+
+def plan_fields(x, scale, out, datapath, **kw):
+    from qemu_q import _coerce
+    from qemu_q._validate import signature
+
+    plan = QUANTIZE_MODULE.quantize_plan(
+        None, signature(x), signature(scale), signature(None), kw.get("axis", 1), kw.get("block_size", 0),
+        1, 0, _coerce.output_dtype(out), "spec", _dispatch.FAST_KERNELS, datapath)
+    return dict(plan.kernel_fields)
+
+
+# ------------------------------------------------------------------ the plan's choice
+
+def test_float32_datapaths_take_the_float32_loops():
+    x = np.ones(8, np.float32)
+    s = np.float32(0.5)
+    for dp in (qemu_q.Datapath(rounding="up"), qemu_q.Datapath(scale="reciprocal", scale_precision="float32"),
+               qemu_q.Datapath(subnormals="flush_both"), qemu_q.Datapath(nan_to_integer="max"),
+               qemu_q.Datapath(scale_precision="float32", rounding="stochastic")):
+        assert plan_fields(x, s, "int8", dp)["datapath_f32"], dp
+        assert plan_fields(x, s, "float8e4m3fn", dp)["datapath_f32"], dp
+    # The default datapath keeps the ONNX kernels; float64 quotients, float16 x and
+    # scales wider than float32 keep datapath_one.
+    assert not plan_fields(x, s, "int8", qemu_q.Datapath())["datapath_f32"]
+    assert not plan_fields(x, s, "int8", qemu_q.Datapath(scale_precision="float64"))["datapath_f32"]
+    assert not plan_fields(x, s, "int8", qemu_q.Datapath(scale="reciprocal", scale_precision="float64"))["datapath_f32"]
+    assert not plan_fields(x.astype(np.float16), np.float16(0.5), "int8", qemu_q.Datapath(rounding="up"))["datapath_f32"]
+    _dispatch.FAST_KERNELS = False
+    try:
+        assert not plan_fields(x, s, "int8", qemu_q.Datapath(rounding="up"))["datapath_f32"]
+    finally:
+        _dispatch.FAST_KERNELS = True
+
+
+def test_the_config_refuses_a_float32_loop_it_cannot_run():
+    module = _dispatch.entry_module(_dispatch.Path.QUANTIZE)
+    fields = plan_fields(np.ones(8, np.float32), np.float32(0.5), "int8", qemu_q.Datapath(rounding="up"))
+    module.QuantizeConfig(**fields)
+    for change in ({"float64_quotient": True}, {"datapath": False}, {"f32_operands": False}):
+        with pytest.raises(ValueError, match="datapath_f32"):
+            module.QuantizeConfig(**{**fields, **change})
+
+
+# ----------------------------------------------------------- against the exact oracle
+
+@pytest.mark.parametrize("scale_mode", SCALE_MODES, ids=lambda m: "-".join(filter(None, m)))
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("out", ["int8", "uint8", "int4", "int16", "float8e4m3fn", "float8e5m2fnuz",
+                                 "float4e2m1"])
+def test_every_rounding_against_the_oracle(out, rounding, scale_mode):
+    scale = np.float32(0.37)
+    x = hard_inputs(scale)
+    words = random_words(x.shape) if rounding == "stochastic" else None
+    dp = {"rounding": rounding, "scale": scale_mode[0], "scale_precision": scale_mode[1]}
+    zero_point = {"int8": np.int8(-3), "uint8": np.uint8(100), "int16": np.int16(1000)}.get(out)
+    got = qemu_q.quantize_linear(x, scale, zero_point, output_dtype=out, datapath=qemu_q.Datapath(**dp),
+                                 random_bits=words)
+    want = oracle.quantize_array(x, float(scale), None if zero_point is None else int(zero_point),
+                                 OUTPUTS[out], dp, words=words, x_type="float", scale_type="float")
+    check(got, want, f"{out} {dp}")
+
+
+@pytest.mark.parametrize("out", list(OUTPUTS))
+@pytest.mark.parametrize("rounding", ["half_away", "to_odd", "stochastic"])
+def test_every_output_type_against_the_oracle(out, rounding):
+    scale = np.float32(3.0)  # a quotient's tie falls on an exact division: no rounding of it
+    x = hard_inputs(scale, seed=1)
+    words = random_words(x.shape, 3) if rounding == "stochastic" else None
+    dp = {"rounding": rounding}
+    got = quantize(x, scale, out, dp, words)
+    want = oracle.quantize_array(x, float(scale), None, OUTPUTS[out], dp, words=words, x_type="float",
+                                 scale_type="float")
+    check(got, want, f"{out} {rounding}")
+
+
+@pytest.mark.parametrize("subnormals", ["flush_inputs", "flush_outputs", "flush_both"])
+@pytest.mark.parametrize("out", ["int8", "float8e4m3fn", "float8e5m2", "float8e4m3fnuz", "float4e2m1"])
+@pytest.mark.parametrize("rounding", ["up", "down", "stochastic"])
+def test_subnormal_policies_against_the_oracle(subnormals, out, rounding):
+    # Scale 2**-30 (exact): float32 subnormal x become quotients of the small floats'
+    # subnormal range, where flushing the input or the result shows.
+    scale = np.float32(2.0 ** -30)
+    rng = np.random.default_rng(5)
+    tiny = rng.integers(1, 0x00800000, 3000, dtype=np.int64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([tiny, -tiny, f32(rng.standard_normal(2000) * 2.0 ** -36),
+                        f32([0.0, -0.0, 2.0 ** -126, -(2.0 ** -126), np.nan, np.inf])])
+    words = random_words(x.shape, 4) if rounding == "stochastic" else None
+    dp = {"rounding": rounding, "subnormals": subnormals}
+    got = quantize(x, scale, out, dp, words)
+    want = oracle.quantize_array(x, float(scale), None, OUTPUTS[out], dp, words=words, x_type="float",
+                                 scale_type="float")
+    check(got, want, f"{out} {dp}")
+
+
+@pytest.mark.parametrize("rule", ["min", "zero", "max"])
+@pytest.mark.parametrize("out,zero_point", [("int8", np.int8(-5)), ("uint8", np.uint8(7)),
+                                            ("int16", np.int16(-300)), ("uint4", np.uint8(3))])
+def test_nan_to_integer_against_the_oracle(rule, out, zero_point):
+    scale = np.float32(0.37)
+    x = hard_inputs(scale, seed=2)
+    if out == "uint4":
+        zero_point = np.asarray(zero_point).astype(qemu_q.quantize_linear(
+            np.float32(0), np.float32(1), output_dtype="uint4").dtype)
+    dp = {"nan_to_integer": rule, "rounding": "half_down"}
+    got = qemu_q.quantize_linear(x, scale, zero_point, datapath=qemu_q.Datapath(**dp))
+    want = oracle.quantize_array(x, float(scale), int(np.asarray(zero_point).astype(np.int64)), OUTPUTS[out],
+                                 dp, x_type="float", scale_type="float")
+    check(got, want, f"{out} {rule}")
+    assert np.isnan(x).sum() >= 2
+
+
+def test_subnormal_scale_flushed():
+    # flush_inputs flushes a subnormal scale too: x / +-0 saturates, 0 / 0 is NaN.
+    x = f32([1.0, -1.0, 0.0, 3.0])
+    for scale_mode in SCALE_MODES:
+        dp = qemu_q.Datapath(subnormals="flush_inputs", scale=scale_mode[0], scale_precision=scale_mode[1],
+                             nan_to_integer="zero")
+        got = qemu_q.quantize_linear(x, np.float32(2.0 ** -130), np.int8(4), datapath=dp)
+        assert got.tolist() == [127, -128, 4, 127], scale_mode
+        kept = qemu_q.quantize_linear(x, np.float32(2.0 ** -130), np.int8(4),
+                                      datapath=qemu_q.Datapath(scale=scale_mode[0],
+                                                               scale_precision=scale_mode[1],
+                                                               rounding="up"))
+        # kept: x / 2**-130 saturates and 0 / 2**-130 is 0; the reciprocal 2**130 is
+        # beyond float32, inf, and 0 * inf is NaN: the "min" rule's -128.
+        want = [127, -128, -128 if scale_mode[0] == "reciprocal" else 4, 127]
+        assert kept.tolist() == want, scale_mode
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100])
+def test_vector_heads_and_tails(n):
+    # Every length of a vector body and its remainder, at an unaligned start too: each
+    # element's own oracle, whatever its position.
+    scale = np.float32(0.25)
+    base = f32((np.arange(200) - 100) / 8.0 + 1 / 16)  # quarter-ties of the quotient
+    words = random_words(200, 8)
+    for offset in (0, 1, 3):
+        x = base[offset:offset + n]
+        w = words[offset:offset + n]
+        for out in ("int8", "float8e4m3fn"):
+            for rounding in ("half_up", "stochastic"):
+                dp = {"rounding": rounding}
+                got = quantize(x, scale, out, dp, w if rounding == "stochastic" else None)
+                want = oracle.quantize_array(x, 0.25, None, OUTPUTS[out], dp,
+                                             words=w if rounding == "stochastic" else None,
+                                             x_type="float", scale_type="float")
+                check(got, want, f"n={n} offset={offset} {out} {rounding}")
+
+
+def test_stochastic_word_alignment_in_the_float32_loops():
+    # x / 1 = 2.25 (int8) and 1.0625 (e4m3fn: half its ulp of 1/8 dropped): the dropped
+    # fraction, 0x40000000 and 0x80000000 in 32 bits, plus the word carries or not.
+    x = f32([2.25, 2.25, -2.25, -2.25] + [1.0625, 1.0625, -1.0625, -1.0625])
+    words = np.array([0xBFFFFFFF, 0xC0000000] * 2 + [0x7FFFFFFF, 0x80000000] * 2, np.uint32)
+    dp = qemu_q.Datapath(rounding="stochastic")
+    got = qemu_q.quantize_linear(x[:4], np.float32(1), output_dtype="int8", datapath=dp, random_bits=words[:4])
+    assert got.tolist() == [2, 3, -2, -3]
+    got = qemu_q.quantize_linear(x[4:], np.float32(1), output_dtype="float8e4m3fn", datapath=dp,
+                                 random_bits=words[4:])
+    assert bits(got).tolist() == [0x38, 0x39, 0xB8, 0xB9]
+    # The first 32 bits of the fraction, exactly: 2**-32 is one unit (the word 2**32 - 1
+    # carries it), 2**-33 and 2**-40 fall below the first bit (nothing carries them); a
+    # fraction of 1 - 2**-22, 2**32 - 2**10 units, carries with a word of 2**10, not 2**10 - 1.
+    x = f32([2.0 ** -32, 2.0 ** -33, 2.0 ** -40, 3 - 2.0 ** -22, 3 - 2.0 ** -22, -(3 - 2.0 ** -22)])
+    words = np.array([0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 1 << 10, (1 << 10) - 1, 1 << 10], np.uint32)
+    got = qemu_q.quantize_linear(x, np.float32(1), output_dtype="int8", datapath=dp, random_bits=words)
+    assert got.tolist() == [1, 0, 0, 3, 2, -3]
+
+
+# ------------------------------------------------- the same bits as the scalar datapath
+
+ALL_OPTIONS = [dict(rounding=r, scale=sc, scale_precision=sp, subnormals=sub, nan_to_integer=nz)
+               for r in ROUNDINGS for sc, sp in SCALE_MODES for sub in ("keep", "flush_both")
+               for nz in ("min", "zero", "max")]
+
+
+def _reference(fn):
+    _dispatch.FAST_KERNELS = False
+    try:
+        return fn()
+    finally:
+        _dispatch.FAST_KERNELS = True
+
+
+def _mixed_input(shape, seed):
+    rng = np.random.default_rng(seed)
+    size = int(np.prod(shape))
+    x = f32(rng.standard_normal(size) * np.exp(rng.uniform(-30, 14, size)))
+    x[::7] = rng.integers(0, 2**32, x[::7].size, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x[::11] = f32((rng.integers(-300, 300, x[::11].size) + 0.5) * 0.37)
+    x[:8] = f32([np.nan, -np.inf, np.inf, -0.0, 0.0, 1e-40, -1e-40, 3e38])
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("out", ["int8", "uint16", "int4", "float8e4m3fn", "float8e5m2", "float4e2m1"])
+def test_same_bits_as_the_scalar_datapath(out):
+    x = _mixed_input((3, 20011), 11)
+    words = random_words(x.shape, 12)
+    for dp in ALL_OPTIONS:
+        if dp["nan_to_integer"] != "min" and out.startswith("float"):
+            continue
+        w = words if dp["rounding"] == "stochastic" else None
+        for scale, kw in ((np.float32(0.37), {}), (np.float32(3e-39), {}), (np.float32(1e30), {}),
+                          (np.array([0.3, 7.0, 2.0 ** -20], np.float32), {"axis": 0})):
+            def run():
+                return quantize(x, scale, out, dp, w, **kw)
+            assert_same_bits(run(), _reference(run), f"{out} {dp} {kw}")
+
+
+@pytest.mark.parametrize("layout", ["per_axis_last", "per_axis_first", "blocked_last", "blocked_first",
+                                    "blocked_odd"])
+@pytest.mark.parametrize("out", ["int8", "float8e4m3fn"])
+def test_same_bits_in_every_layout(layout, out):
+    # Per axis along the last axis and blocked along the first give per-element scales
+    # (the loops' `vary` variants); the others one scale per run.
+    rng = np.random.default_rng(13)
+    x = _mixed_input((64, 200), 14)
+    if layout == "per_axis_last":
+        scale, kw = f32(rng.uniform(0.05, 3, 200)), {"axis": 1}
+    elif layout == "per_axis_first":
+        scale, kw = f32(rng.uniform(0.05, 3, 64)), {"axis": 0}
+    elif layout == "blocked_last":
+        scale, kw = f32(rng.uniform(0.05, 3, (64, 200 // 8))), {"axis": 1, "block_size": 8}
+    elif layout == "blocked_first":
+        scale, kw = f32(rng.uniform(0.05, 3, (64 // 16, 200))), {"axis": 0, "block_size": 16}
+    else:
+        scale, kw = f32(rng.uniform(0.05, 3, (64, 200 // 32 + 1))), {"axis": 1, "block_size": 32}
+    words = random_words(x.shape, 15)
+    for rounding, sc in itertools.product(ROUNDINGS, SCALE_MODES):
+        dp = dict(rounding=rounding, scale=sc[0], scale_precision=sc[1], subnormals="flush_both")
+        w = words if rounding == "stochastic" else None
+
+        def run():
+            return quantize(x, scale, out, dp, w, **kw)
+        assert_same_bits(run(), _reference(run), f"{layout} {out} {dp}")
+
+
+# ---------------------------------------------- threads and instruction-set levels
+
+@pytest.mark.parametrize("out", ["int8", "int16", "int4", "float8e4m3fn", "float8e5m2fnuz", "float4e2m1"])
+def test_every_option_independent_of_threads_and_levels(out):
+    # 3 x 70001 elements: above the one-thread threshold, tasks that split rows; per axis
+    # along the first axis (one scale per run) and along the last (one per element).
+    x = _mixed_input((3, 70001), 21)
+    words = random_words(x.shape, 22)
+    level = _kernels.active.level
+    options = [dp for dp in ALL_OPTIONS if dp["nan_to_integer"] == "min" or not out.startswith("float")]
+    options = options[::3] + [dict(rounding=r) for r in ROUNDINGS] + [
+        dict(subnormals=s) for s in ("flush_inputs", "flush_outputs", "flush_both")] + [
+        dict(scale="reciprocal", scale_precision="float32"), dict(scale_precision="float32")]
+    scales = ((np.array([0.3, 0.7, 1.1], np.float32), {"axis": 0}),
+              (f32(np.linspace(0.1, 5, 70001)), {"axis": 1}))
+    try:
+        for dp, (scale, kw) in itertools.product(options, scales):
+            w = words if dp.get("rounding") == "stochastic" else None
+            first = None
+            for lv, n in itertools.product(LEVELS, (1, 2, 3)):
+                _kernels.use(lv)
+                assert _kernels.active.level == lv
+                got = quantize(x, scale, out, dp, w, n_threads=n, **kw)
+                if first is None:
+                    first = got
+                else:
+                    assert_same_bits(got, first, f"{out} {dp} {kw} level {lv} n_threads={n}")
+    finally:
+        _kernels.use(level)
+
+
+def test_the_levels_run_their_own_float32_loops():
+    # The level comparison above means something only if each level's module runs the
+    # float32 loops: the same plan's config, built by each level's module, says so.
+    level = _kernels.active.level
+    x = np.ones(8, np.float32)
+    fields = plan_fields(x, np.float32(0.5), "int8", qemu_q.Datapath(rounding="down"))
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            module = _dispatch.entry_module(_dispatch.Path.QUANTIZE)
+            assert lv == "baseline" or lv.replace("-", "_") in module.__name__
+            module.QuantizeConfig(**fields)
+            got = qemu_q.quantize_linear(f32([2.5, -2.5, 0.5]), np.float32(1), output_dtype="int8",
+                                         datapath=qemu_q.Datapath(rounding="down"))
+            assert got.tolist() == [2, -3, 0], lv
+    finally:
+        _kernels.use(level)
