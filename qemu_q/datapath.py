@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields as _dataclass_fields, replace
 
+import numpy as np
+
 ROUNDINGS = ("half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up",
              "to_odd", "stochastic")
 SCALES = ("divide", "reciprocal")
@@ -231,3 +233,26 @@ def qlinear_options(datapath, requantization, accumulator: str, where: str):
             "requantization (they take no random_bits); allowed: "
             + ", ".join(repr(r) for r in ROUNDINGS if r != "stochastic"))
     return requantization, accumulator, datapath.rounding, datapath.nan_to_integer, datapath.nan
+
+
+def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name: str = "x"):
+    """`random_bits=` checked against the datapath and the input's shape (as
+    quantize_linear checks it): a flat, contiguous, aligned uint32 view, or None. The
+    caller's array is read, never written."""
+    if datapath.rounding != "stochastic":
+        if random_bits is not None:
+            raise ValueError(
+                f"random_bits is given but datapath.rounding={datapath.rounding!r}; only "
+                "rounding='stochastic' takes random bits")
+        return None
+    if random_bits is None:
+        raise ValueError(f"datapath.rounding='stochastic' needs random_bits=, a uint32 array of "
+                         f"{input_name}'s shape")
+    if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
+        raise TypeError(
+            f"random_bits must be a numpy uint32 array, got "
+            f"{getattr(random_bits, 'dtype', type(random_bits).__name__)}")
+    if random_bits.shape != tuple(shape):
+        raise ValueError(f"random_bits has shape {random_bits.shape}; {input_name} has shape "
+                         f"{tuple(shape)} (one word per element)")
+    return np.require(random_bits, requirements=["C", "A"]).reshape(-1)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -113,20 +113,20 @@ class FloatFormat:
         """Spacing of the subnormals (= the smallest positive value)."""
         return Fraction(2) ** (self.min_normal_exp - self.man_bits)
 
-    @property
+    @cached_property
     def nan_codes(self) -> tuple[int, ...]:
         return tuple(c for c in range(self.n_codes) if decode(self, c) == "nan")
 
-    @property
+    @cached_property
     def inf_codes(self) -> tuple[int, ...]:
         return tuple(c for c in range(self.n_codes) if decode(self, c) in ("+inf", "-inf"))
 
-    @property
+    @cached_property
     def max_code(self) -> int:
         """Positive code of the largest finite value."""
         return max(finite_codes(self), key=lambda c: decode(self, c))
 
-    @property
+    @cached_property
     def max_finite(self) -> Fraction:
         return decode(self, self.max_code)
 

@@ -26,8 +26,7 @@ from .._rules import cast_output_type, label, saturate_applies
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
 from .._validate import ArraySpec, cached_plan, check_attribute, check_type, signature as _signature
-from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath
-from .dequantize_linear import check_random_bits
+from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath, check_random_bits
 
 # ONNX's STRING data type: Cast defines it, qemu_q does not implement it.
 _STRING_ID = 8

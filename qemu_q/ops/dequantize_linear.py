@@ -21,7 +21,7 @@ from .._params import check_zero_point_values, kernel_parameters
 from .._registry import register
 from .._rules import dequantize_output_type, label, multiplication_precision
 from .._threads import in_default_fp_environment, resolve_threads
-from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath
+from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath, check_random_bits
 from .._typing import Array, Shape, TypeSpec
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
@@ -259,29 +259,6 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
                       **extra)
     finish_output(storage, written)
     return y
-
-
-def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name: str):
-    """`random_bits=` checked against the datapath and the input's shape (as
-    quantize_linear checks it): a flat, contiguous, aligned uint32 view, or None. The
-    caller's array is read, never written."""
-    if datapath.rounding != "stochastic":
-        if random_bits is not None:
-            raise ValueError(
-                f"random_bits is given but datapath.rounding={datapath.rounding!r}; only "
-                "rounding='stochastic' takes random bits")
-        return None
-    if random_bits is None:
-        raise ValueError(f"datapath.rounding='stochastic' needs random_bits=, a uint32 array of "
-                         f"{input_name}'s shape")
-    if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
-        raise TypeError(
-            f"random_bits must be a numpy uint32 array, got "
-            f"{getattr(random_bits, 'dtype', type(random_bits).__name__)}")
-    if random_bits.shape != tuple(shape):
-        raise ValueError(f"random_bits has shape {random_bits.shape}; {input_name} has shape "
-                         f"{tuple(shape)} (one word per element)")
-    return np.require(random_bits, requirements=["C", "A"]).reshape(-1)
 
 
 def _family_input(x, x_dtype, packed: bool, dtype, shape, opset):

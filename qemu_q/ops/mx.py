@@ -229,7 +229,7 @@ def mx_quantize(x: Array, element: TypeSpec, *, axis: int = -1, block_size: int 
     With packed=True the codes are their ONNX raw_data (1-D uint8). `out` = (codes,
     scales) receives the result. The rules are in docs/semantics.md ("MX").
     """
-    from .quantize_linear import _random_bits
+    from ..datapath import check_random_bits
 
     x = _coerce.as_array(x, "x")
     e = mx_element(element)
@@ -237,7 +237,7 @@ def mx_quantize(x: Array, element: TypeSpec, *, axis: int = -1, block_size: int 
     datapath = as_datapath(datapath)
     plan = cached_plan(mx_quantize_plan, (_signature(x), e.name, _coerce.int_attribute(axis, "axis"),
                            _coerce.int_attribute(block_size, "block_size"), scale_rule, packed, datapath))
-    words = _random_bits(random_bits, datapath, x)
+    words = check_random_bits(random_bits, datapath, x.shape, "x")
     extra = () if words is None else (words,)
     if out is not None and (not isinstance(out, tuple) or len(out) != 2):
         raise TypeError(f"out must be a tuple (codes, scales) of numpy arrays, got {type(out).__name__}")

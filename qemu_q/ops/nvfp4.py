@@ -209,13 +209,13 @@ def nvfp4_quantize(x: Array, *, recipe: str = "transformer_engine", axis: int = 
     the element into e2m1 (with "stochastic", `random_bits`: a uint32 array of x's shape);
     options the recipe fixes must agree with it (docs/semantics.md, "Datapath options").
     """
-    from .quantize_linear import _random_bits
+    from ..datapath import check_random_bits
 
     x = _input(x)
     recipe = _recipe(recipe)
     datapath = as_datapath(datapath)
     rounding = datapath_rounding(datapath, recipe)
-    words = _random_bits(random_bits, datapath, x)
+    words = check_random_bits(random_bits, datapath, x.shape, "x")
     extra = () if words is None else (words,)
     axis_ = _axis(axis, x.ndim)
     shape_ = _block_shape(block_shape, x.ndim)

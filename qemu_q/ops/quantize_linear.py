@@ -27,7 +27,7 @@ from .._rules import (
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
 from ..codecs import PACKABLE_BITS, check_codes, is_family, zero_codes_as_values
-from ..datapath import NANS_TO_INTEGER, ONNX, ROUND_CODES, Datapath, as_datapath
+from ..datapath import NANS_TO_INTEGER, ONNX, ROUND_CODES, Datapath, as_datapath, check_random_bits
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
 )
@@ -208,7 +208,7 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
     zero_point = _coerce.optional_array(y_zero_point, "y_zero_point")
     packed = _coerce.flag(packed, "packed")
     datapath = as_datapath(datapath, op_type="QuantizeLinear", opset=normalize_opset(opset))
-    bits = _random_bits(random_bits, datapath, x)
+    bits = check_random_bits(random_bits, datapath, x.shape, "x")
     plan = cached_plan(quantize_plan, (
         normalize_opset(opset), _signature(x), _signature(scale), _signature(zero_point),
         _coerce.int_attribute(axis, "axis"), _coerce.int_attribute(block_size, "block_size"),
@@ -256,26 +256,6 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
         _dispatch.run(Path.QUANTIZE, flat_x, *params, written, config, n_threads, **extra)
         finish_output(storage, written)
     return result
-
-
-def _random_bits(random_bits, datapath: Datapath, x: np.ndarray):
-    # Checked before anything else is done with them; the caller's array is read, never
-    # written (a contiguous copy only where it is not contiguous and aligned already).
-    if datapath.rounding != "stochastic":
-        if random_bits is not None:
-            raise ValueError(
-                f"random_bits is given but datapath.rounding={datapath.rounding!r}; only "
-                "rounding='stochastic' takes random bits")
-        return None
-    if random_bits is None:
-        raise ValueError("datapath.rounding='stochastic' needs random_bits=, a uint32 array of x's shape")
-    if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
-        raise TypeError(
-            f"random_bits must be a numpy uint32 array, got "
-            f"{getattr(random_bits, 'dtype', type(random_bits).__name__)}")
-    if random_bits.shape != x.shape:
-        raise ValueError(f"random_bits has shape {random_bits.shape}; x has shape {x.shape} (one word per element)")
-    return np.require(random_bits, requirements=["C", "A"]).reshape(-1)
 
 
 @register("QuantizeLinear")
