@@ -25,7 +25,7 @@ from _codecs cimport (
     float_to_bfloat16_bits, SmallFloatFormat, small_float_format, exact_parts,
     round_exact_to_format, round_exact_units, DP_HALF_EVEN, DP_STOCHASTIC,
 )
-from _memory cimport check_aligned
+from _memory cimport check_aligned, random_words
 
 cdef enum:
     # Elements per task: large enough that scheduling is noise, small enough to balance.
@@ -422,7 +422,6 @@ def cast(const uint8_t[::1] x, uint8_t[::1] y, CastConfig config, int n_threads,
     random_bits (uint32, one per element) only for a stochastic datapath."""
     cdef CastWork work
     cdef Py_ssize_t n
-    cdef const uint32_t[::1] words
     work.plan = config.plan
     work.random_bits = NULL
     if x.shape[0] % work.plan.source_bytes or y.shape[0] % work.plan.target_bytes:
@@ -430,17 +429,7 @@ def cast(const uint8_t[::1] x, uint8_t[::1] y, CastConfig config, int n_threads,
     n = x.shape[0] // work.plan.source_bytes
     if y.shape[0] // work.plan.target_bytes != n:
         raise ValueError(f"cast: x has {n} elements, y {y.shape[0] // work.plan.target_bytes}")
-    if config.stochastic:
-        if random_bits is None:
-            raise ValueError("cast: stochastic rounding needs random_bits, one uint32 word per element")
-        words = random_bits
-        if words.shape[0] != n:
-            raise ValueError(f"cast: random_bits has {words.shape[0]} words; x has {n} elements")
-        if n:
-            check_aligned(&words[0], sizeof(uint32_t), "random_bits")
-            work.random_bits = &words[0]
-    elif random_bits is not None:
-        raise ValueError("cast: random_bits are read by stochastic rounding only")
+    work.random_bits = random_words(random_bits, config.stochastic, n, "cast: ")
     if n == 0:
         return
     check_aligned(&x[0], work.plan.source_bytes, "x")

@@ -25,7 +25,7 @@ from _layout cimport (
 from _tasks cimport run_tasks
 from _subbyte cimport unpack_codes
 from _memory cimport (
-    stream_store, stream_fence, check_aligned, HAVE_STREAM, STREAM_MIN_BYTES, STREAM_PIECE,
+    stream_store, stream_fence, check_aligned, random_words, HAVE_STREAM, STREAM_MIN_BYTES, STREAM_PIECE,
     NO_DOUBLE, NO_FLOAT, float64_parameters, float32_parameters,
 )
 
@@ -587,17 +587,7 @@ cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero
     else:
         p.scale = float64_parameters(scale, needed, "scales")
         p.zero_point = float64_parameters(zero_point, needed, "zero points")
-    cdef const uint32_t[::1] words
-    if config.stochastic:
-        if random_bits is None:
-            raise ValueError("stochastic rounding needs random_bits, one uint32 word per element")
-        words = random_bits
-        if words.shape[0] != size:
-            raise ValueError(f"random_bits has {words.shape[0]} words; x has {size} elements")
-        check_aligned(&words[0], sizeof(uint32_t), "random_bits")
-        p.random_bits = &words[0]
-    elif random_bits is not None:
-        raise ValueError("random_bits are read by stochastic rounding only")
+    p.random_bits = random_words(random_bits, config.stochastic, size, "")
     set_task_size(&p.layout, n_threads)
     p.stream = HAVE_STREAM and size * out_itemsize >= STREAM_MIN_BYTES
     # Not for blocks along the last axis: their short runs are better gathered in L1.

@@ -1,4 +1,4 @@
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint32_t
 
 # Memory-traffic helpers: software prefetch of the kernels' input streams, and streaming
 # (non-temporal) stores for DequantizeLinear's large outputs.
@@ -100,6 +100,26 @@ cdef inline int check_aligned(const void* data, size_t element_size, str argumen
     if (<size_t>data) % element_size != 0:
         raise ValueError(f"{argument} is not aligned to its {element_size}-byte elements")
     return 0
+
+
+cdef inline const uint32_t* random_words(object random_bits, bint stochastic, Py_ssize_t size,
+                                         str where) except? NULL:
+    # A stochastic datapath's words, one per element, read in place (the caller keeps the
+    # array alive for the call); NULL for other roundings and for an empty x.
+    cdef const uint32_t[::1] words
+    if not stochastic:
+        if random_bits is not None:
+            raise ValueError(f"{where}random_bits are read by stochastic rounding only")
+        return NULL
+    if random_bits is None:
+        raise ValueError(f"{where}stochastic rounding needs random_bits, one uint32 word per element")
+    words = random_bits
+    if words.shape[0] != size:
+        raise ValueError(f"{where}random_bits has {words.shape[0]} words; x has {size} elements")
+    if size == 0:
+        return NULL
+    check_aligned(&words[0], sizeof(uint32_t), "random_bits")
+    return &words[0]
 
 
 # The scale and zero-point arrays of a call, as the pointers a kernel's plan holds. The

@@ -33,7 +33,7 @@ from _codecs cimport (
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
-    prefetch, stream_fence, check_aligned, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES,
+    prefetch, stream_fence, check_aligned, random_words, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES,
     NO_DOUBLE, NO_FLOAT, NO_INT32, float64_parameters, float32_parameters, int32_parameters,
 )
 
@@ -779,17 +779,7 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
             p.zero_point_int = int32_parameters(zero_point, needed, "zero points")
         else:
             p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
-    cdef const uint32_t[::1] words
-    if config.stochastic:
-        if random_bits is None:
-            raise ValueError("stochastic rounding needs random_bits, one uint32 word per element")
-        words = random_bits
-        if words.shape[0] != size:
-            raise ValueError(f"random_bits has {words.shape[0]} words; x has {size} elements")
-        check_aligned(&words[0], sizeof(uint32_t), "random_bits")
-        p.random_bits = &words[0]
-    elif random_bits is not None:
-        raise ValueError("random_bits are read by stochastic rounding only")
+    p.random_bits = random_words(random_bits, config.stochastic, size, "")
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).

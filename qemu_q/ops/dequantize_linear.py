@@ -31,19 +31,13 @@ from .._validate import (
 @lru_cache(maxsize=None)
 def decode_table(type_name: str) -> np.ndarray:
     """float32 value of each of the 256 one-per-byte codes of an 8-bit-stored type."""
-    etype = ELEMENT_TYPES[type_name]
-    if etype.kind == "small_float":
-        table = _dequantize.decode_table(etype.small_float_id)
-    else:
-        table = etype.code_values(np.arange(256)).astype(np.float32)
-    table.flags.writeable = False
-    return table
+    return family_decode_table(ELEMENT_TYPES[type_name])
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=None)
 def family_decode_table(etype: ElementType) -> np.ndarray:
-    """decode_table for an 8-bit-stored codec-family type (qemu_q/codecs.py): the byte
-    of each stored code, as the storage holds it (sign-extended integer values)."""
+    """decode_table of an 8-bit-stored type, ONNX or codec family (qemu_q/codecs.py): the
+    value of each byte the storage holds (integer storage sign-extended)."""
     if etype.kind == "small_float":
         table = _dequantize.decode_table(etype.small_float_id)
     else:
