@@ -162,6 +162,20 @@ cdef extern from *:
        binary format of m mantissa bits whose smallest normal is 2^emin, with an unbounded
        exponent, then clamped to max_code (codes are monotone in magnitude). `flush`: a
        nonzero subnormal result (code below 2^m) becomes 0. */
+    /* mant / 2^s (s >= 1) split into whole and the dropped bits rem, over s bits; from
+       s = 64 on (below 2^-11 of an ulp) the fraction's first 32 bits at s = 63 and a
+       sticky bit (no tie is possible there). Returns the s rem is over. */
+    static inline int qq_split(uint64_t mant, int s, uint64_t* whole, uint64_t* rem) {
+        if (s >= 64) {
+            *whole = 0;
+            *rem = s - 63 >= 64 ? 1 : (mant >> (s - 63)) | ((mant & ((((uint64_t)1) << (s - 63)) - 1)) != 0);
+            return 63;
+        }
+        *whole = mant >> s;
+        *rem = mant & ((((uint64_t)1) << s) - 1);
+        return s;
+    }
+
     static inline int32_t qq_round_to_code(double q, int mode, uint32_t word, int m, int emin,
                                            int32_t max_code, int flush) {
         uint64_t b, mant, whole, rem;
@@ -177,16 +191,7 @@ cdef extern from *:
         mant = (b & 0xFFFFFFFFFFFFFull) | ((uint64_t)1 << 52);
         u = (exp > emin ? exp : emin) - m;  /* the exponent of the result's ulp */
         s = u - (exp - 52);                 /* >= 52 - m > 0 */
-        if (s >= 64) {
-            /* below 2^-11 of an ulp: the fraction's first 32 bits at s = 63, and a sticky
-               bit (no tie is possible there) */
-            whole = 0;
-            rem = s - 63 >= 64 ? 1 : (mant >> (s - 63)) | ((mant & ((((uint64_t)1) << (s - 63)) - 1)) != 0);
-            s = 63;
-        } else {
-            whole = mant >> s;
-            rem = mant & ((((uint64_t)1) << s) - 1);
-        }
+        s = qq_split(mant, s, &whole, &rem);
         whole += qq_round_up(whole, rem, s, neg, mode, word);
         code = (int64_t)whole + ((int64_t)(u - (emin - m)) << m);
         if (flush && code < ((int64_t)1 << m)) code = 0;
@@ -205,14 +210,7 @@ cdef extern from *:
         if (exp > 1) return neg ? -127 : 127;  /* |q| >= 4: |q| * 64 >= 256 */
         mant = (b & 0xFFFFFFFFFFFFFull) | ((uint64_t)1 << 52);
         s = 46 - exp;  /* value * 2^6 = mant * 2^(exp + 6 - 52) */
-        if (s >= 64) {
-            whole = 0;
-            rem = s - 63 >= 64 ? 1 : (mant >> (s - 63)) | ((mant & ((((uint64_t)1) << (s - 63)) - 1)) != 0);
-            s = 63;
-        } else {
-            whole = mant >> s;
-            rem = mant & ((((uint64_t)1) << s) - 1);
-        }
+        s = qq_split(mant, s, &whole, &rem);
         whole += qq_round_up(whole, rem, s, neg, mode, word);
         if (whole > 127) whole = 127;
         return neg ? -(int32_t)whole : (int32_t)whole;

@@ -5,6 +5,7 @@ scale_precision, subnormals and stochastic rounding; MatMulInteger and ConvInteg
 everything but the accumulator. Oracles: exact Fractions (tests/datapath_oracle.py's
 rounding table), written from the docs, not from the kernels."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -163,7 +164,6 @@ def test_qlinear_nan_to_integer(rule):
 def test_qlinear_float8_output_takes_the_rounding_and_nan():
     # QLinearMatMul-21, float8e4m3fn y: the exact value acc / 16 rounded by the mode to
     # e4m3fn (saturate=1), as QuantizeLinear would round it.
-    ml_dtypes = pytest.importorskip("ml_dtypes")
     a = np.arange(-128, 128, dtype=np.int8).reshape(256, 1)
     b = np.array([[1, 37]], np.int8)
     zp = np.zeros((), ml_dtypes.float8_e4m3fn)
