@@ -903,6 +903,81 @@ cdef inline int32_t datapath_round_up_stochastic(int32_t odd, float frac, int32_
 
 cdef inline float flush_subnormal_f32(float v, float min_normal) noexcept nogil:
     # v with |v| < min_normal replaced by a zero of its sign (min_normal 0: v unchanged;
-    # NaN compares false and stays).
-    cdef int32_t b = <int32_t>float_bits(v)
-    return bits_float(<uint32_t>select_i32(fabsf(v) < min_normal, b & <int32_t>(-2147483647 - 1), b))
+    # NaN compares false and stays): one compare, then the magnitude bits cleared with an
+    # and-not (a select of two bit patterns cost two more operations per vector).
+    cdef int32_t flushed = -(<int32_t>(fabsf(v) < min_normal))
+    return bits_float(float_bits(v) & ~(<uint32_t>flushed & <uint32_t>0x7FFFFFFF))
+
+
+cdef inline float flush_subnormal_unsigned_f32(float v, float min_normal) noexcept nogil:
+    # flush_subnormal_f32 for the integer outputs, where +0 and -0 give the same code in
+    # every mode: the flushed value is +0, one operation fewer.
+    cdef int32_t kept = -(<int32_t>(not (fabsf(v) < min_normal)))
+    return bits_float(float_bits(v) & <uint32_t>kept)
+
+
+# The datapath roundings of a float32 quotient straight to a signed integer, for the integer
+# loops of _datapath_loops.pxi: q is finite with |q| < 2**22 (the loops clamp it first, to
+# the codes' range less the zero point), and the result is round_magnitude(|q|) with q's
+# sign, the integer datapath_one adds the zero point to. Each is a few vector operations,
+# with no sign split where the mode is not symmetric in |q|: t = (int32)q truncates (the
+# conversion's own rounding toward zero, whatever MXCSR says), and r = q - t is exact
+# (Sterbenz for |q| >= 1, r = q below), the signed remainder in (-1, 1) that the ties and
+# the directed modes read. (floorf/ceilf would be one vroundps each, but GCC vectorizes
+# neither under -ftrapping-math: they stay scalar calls, so the floor is the truncation
+# corrected by one compare.)
+cdef inline int32_t datapath_round_f32_half_even(float q, uint32_t random_word) noexcept nogil:
+    # round_biased's add of 1.5 * 2**23: the sum lies in [2**23, 2**24), where the ulp is
+    # 1, and the FPU's rounding to nearest even (qemu_q's MXCSR, _fpenv.pxd) rounds it; its
+    # low bits are the integer.
+    return <int32_t>float_bits(q + <float>12582912.0) - <int32_t>ROUND_MAGIC_BITS
+
+
+cdef inline int32_t datapath_round_f32_half_away(float q, uint32_t random_word) noexcept nogil:
+    # 2r is exact and in (-2, 2): its truncation is +-1 exactly where |r| >= 1/2
+    cdef int32_t t = <int32_t>q
+    cdef float r = q - <float>t
+    return t + <int32_t>(r + r)
+
+
+cdef inline int32_t datapath_round_f32_half_up(float q, uint32_t random_word) noexcept nogil:
+    # up from t where r >= 1/2, down where r < -1/2 (a negative tie stays at t, above it)
+    cdef int32_t t = <int32_t>q
+    cdef float r = q - <float>t
+    return t + <int32_t>(r >= <float>0.5) - <int32_t>(r < <float>-0.5)
+
+
+cdef inline int32_t datapath_round_f32_half_down(float q, uint32_t random_word) noexcept nogil:
+    cdef int32_t t = <int32_t>q
+    cdef float r = q - <float>t
+    return t + <int32_t>(r > <float>0.5) - <int32_t>(r <= <float>-0.5)
+
+
+cdef inline int32_t datapath_round_f32_toward_zero(float q, uint32_t random_word) noexcept nogil:
+    return <int32_t>q
+
+
+cdef inline int32_t datapath_round_f32_down(float q, uint32_t random_word) noexcept nogil:
+    cdef int32_t t = <int32_t>q
+    return t - <int32_t>(<float>t > q)
+
+
+cdef inline int32_t datapath_round_f32_up(float q, uint32_t random_word) noexcept nogil:
+    cdef int32_t t = <int32_t>q
+    return t + <int32_t>(<float>t < q)
+
+
+cdef inline int32_t datapath_round_f32_to_odd(float q, uint32_t random_word) noexcept nogil:
+    # inexact: the odd one of floor(q) and floor(q) + 1, which is floor(q) | 1 in two's
+    # complement for either sign
+    cdef int32_t t = <int32_t>q
+    cdef float whole = <float>t
+    return (t - <int32_t>(whole > q)) | <int32_t>(whole != q)
+
+
+cdef inline int32_t datapath_round_f32_stochastic(float q, uint32_t random_word) noexcept nogil:
+    # on the magnitude, as round_magnitude defines it: the carry adds one unit away from 0
+    cdef float a = fabsf(q)
+    cdef int32_t whole = <int32_t>a
+    whole = whole + datapath_round_up_stochastic(0, a - <float>whole, 0, random_word)
+    return select_i32(q < <float>0.0, -whole, whole)
