@@ -836,19 +836,19 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # magnitude those loops hand them: a float32 t = |value| / ulp with t < 2**24, split into
 # whole = floor(t) (a truncation) and frac = t - whole, which is exact (Sterbenz for
 # t >= 1, frac = t below).
-cdef inline uint32_t fraction_word_f32(float frac) noexcept nogil:
-    # floor(frac * 2**32) for 0 <= frac < 1: round_magnitude's first 32 bits of the
-    # fraction. The product is exact; below 2**31 a truncation to int32 is the floor (from
-    # 2**24 up the product is an integer already); from 2**31 up, where int32 ends, the
-    # product minus 2**31 is exact (Sterbenz) and converts instead. Both conversions are
-    # computed on in-range operands and one is selected.
+cdef inline bint stochastic_carry_f32(float frac, uint32_t random_word) noexcept nogil:
+    # The carry out of 32 bits when random_word is added to W = floor(frac * 2**32), the
+    # first 32 bits of the fraction (0 <= frac < 1), as round_magnitude adds them. f =
+    # frac * 2**32 is exact; from 2**31 up it is an integer and f - 2**31 is exact, below
+    # it the truncation to int32 is the floor: one conversion, always in range, gives W or
+    # W - 2**31, and the bit 31 put back gives W - 2**31 as a signed int32 either way.
+    # W + word >= 2**32 <=> W - 2**31 > 2**31 - 1 - word, a signed compare on both sides
+    # (AVX2 has no unsigned one).
     cdef float f = frac * <float>4294967296.0
-    cdef float low = f if f < <float>2147483520.0 else <float>2147483520.0  # the float below 2**31
-    cdef float high = f - <float>2147483648.0
-    high = high if high > <float>0.0 else <float>0.0
-    return <uint32_t>select_i32(f >= <float>2147483648.0,
-                                <int32_t>(<uint32_t><int32_t>high + <uint32_t>0x80000000),
-                                <int32_t>low)
+    cdef int32_t big = -(<int32_t>(f >= <float>2147483648.0))
+    cdef float low = f - bits_float(<uint32_t>(big & 0x4F000000))  # 2**31 where big
+    cdef int32_t below = (<int32_t>low) | (~big & <int32_t>(-2147483647 - 1))
+    return below > <int32_t>(<uint32_t>0x7FFFFFFF - random_word)
 
 
 # 1 where round_magnitude adds one to `whole`, one function per mode (odd: whole & 1;
@@ -897,8 +897,7 @@ cdef inline int32_t datapath_round_up_to_odd(int32_t odd, float frac, int32_t ne
 cdef inline int32_t datapath_round_up_stochastic(int32_t odd, float frac, int32_t negative,
                                                  uint32_t random_word) noexcept nogil:
     # the carry out of 32 bits when the word is added to the fraction's first 32 bits
-    cdef uint32_t word = fraction_word_f32(frac)
-    return <uint32_t>(word + random_word) < word
+    return stochastic_carry_f32(frac, random_word)
 
 
 cdef inline float flush_subnormal_f32(float v, float min_normal) noexcept nogil:
@@ -918,39 +917,52 @@ cdef inline float flush_subnormal_unsigned_f32(float v, float min_normal) noexce
 
 # The datapath roundings of a float32 quotient straight to a signed integer, for the integer
 # loops of _datapath_loops.pxi: q is finite with |q| < 2**22 (the loops clamp it first, to
-# the codes' range less the zero point), and the result is round_magnitude(|q|) with q's
-# sign, the integer datapath_one adds the zero point to. Each is a few vector operations,
-# with no sign split where the mode is not symmetric in |q|: t = (int32)q truncates (the
-# conversion's own rounding toward zero, whatever MXCSR says), and r = q - t is exact
-# (Sterbenz for |q| >= 1, r = q below), the signed remainder in (-1, 1) that the ties and
-# the directed modes read. (floorf/ceilf would be one vroundps each, but GCC vectorizes
-# neither under -ftrapping-math: they stay scalar calls, so the floor is the truncation
-# corrected by one compare.)
+# the codes' range less the zero point, |q| <= 2**17), and the result is round_magnitude(|q|)
+# with q's sign, the integer datapath_one adds the zero point to. Each works in float32
+# and ends in ONE integer (the bits of s = q + 1.5 * 2**23, or one truncation): GCC
+# narrows the integer tail of these loops to the code's width, and it narrowed every
+# integer operand separately (a pack sequence each), so a correction added in int32
+# cost more than the float operation that adds it before the conversion.
+# s = q + 1.5 * 2**23 lies in [2**23, 2**24), where the ulp is 1: the FPU rounds it to
+# nearest even (qemu_q's MXCSR, _fpenv.pxd), its bits are that integer plus
+# ROUND_MAGIC_BITS, s - 1.5 * 2**23 = RNE(q) exactly, r = q - RNE(q) in [-1/2, 1/2] is
+# exact (Sterbenz, or r = q where RNE(q) = 0) and +-1 added to s is exact. (floorf /
+# ceilf / truncf would be one vroundps each, but GCC vectorizes none of them under
+# -ftrapping-math.) tests/test_datapath_fast.py checks each against the oracle, and the
+# identities were checked beforehand on every float32 of [1/8, 4) and [2**15, 2**17) and
+# 2**16 values of every other binade below 2**17, both signs.
+cdef inline float one_if(bint condition) noexcept nogil:
+    # 1.0 or 0.0: the compare's mask and-ed with 1.0's bits, no select
+    return bits_float(<uint32_t>0x3F800000 & <uint32_t>(-(<int32_t>condition)))
+
+
+cdef inline float copysign_f32(float magnitude, float sign_of) noexcept nogil:
+    # magnitude (>= 0, or +0) with sign_of's sign bit: two bit operations
+    return bits_float((float_bits(sign_of) & <uint32_t>0x80000000) | float_bits(magnitude))
+
+
 cdef inline int32_t datapath_round_f32_half_even(float q, uint32_t random_word) noexcept nogil:
-    # round_biased's add of 1.5 * 2**23: the sum lies in [2**23, 2**24), where the ulp is
-    # 1, and the FPU's rounding to nearest even (qemu_q's MXCSR, _fpenv.pxd) rounds it; its
-    # low bits are the integer.
     return <int32_t>float_bits(q + <float>12582912.0) - <int32_t>ROUND_MAGIC_BITS
 
 
 cdef inline int32_t datapath_round_f32_half_away(float q, uint32_t random_word) noexcept nogil:
-    # 2r is exact and in (-2, 2): its truncation is +-1 exactly where |r| >= 1/2
-    cdef int32_t t = <int32_t>q
-    cdef float r = q - <float>t
-    return t + <int32_t>(r + r)
+    # trunc(q + copysign(1/2 - 2**-25, q)): the sum rounds up to the next integer exactly
+    # at the ties and above them (the float below 1/2, not 1/2, so that 1/2 - 2**-25
+    # itself, whose sum with 1/2 would round to 1, stays at 0)
+    return <int32_t>(q + copysign_f32(bits_float(<uint32_t>0x3EFFFFFF), q))
 
 
 cdef inline int32_t datapath_round_f32_half_up(float q, uint32_t random_word) noexcept nogil:
-    # up from t where r >= 1/2, down where r < -1/2 (a negative tie stays at t, above it)
-    cdef int32_t t = <int32_t>q
-    cdef float r = q - <float>t
-    return t + <int32_t>(r >= <float>0.5) - <int32_t>(r < <float>-0.5)
+    # RNE(q), and one up where q was a tie that RNE rounded down (r = +1/2)
+    cdef float s = q + <float>12582912.0
+    cdef float r = q - (s - <float>12582912.0)
+    return <int32_t>float_bits(s + one_if(r == <float>0.5)) - <int32_t>ROUND_MAGIC_BITS
 
 
 cdef inline int32_t datapath_round_f32_half_down(float q, uint32_t random_word) noexcept nogil:
-    cdef int32_t t = <int32_t>q
-    cdef float r = q - <float>t
-    return t + <int32_t>(r > <float>0.5) - <int32_t>(r <= <float>-0.5)
+    cdef float s = q + <float>12582912.0
+    cdef float r = q - (s - <float>12582912.0)
+    return <int32_t>float_bits(s - one_if(r == <float>-0.5)) - <int32_t>ROUND_MAGIC_BITS
 
 
 cdef inline int32_t datapath_round_f32_toward_zero(float q, uint32_t random_word) noexcept nogil:
@@ -958,26 +970,27 @@ cdef inline int32_t datapath_round_f32_toward_zero(float q, uint32_t random_word
 
 
 cdef inline int32_t datapath_round_f32_down(float q, uint32_t random_word) noexcept nogil:
-    cdef int32_t t = <int32_t>q
-    return t - <int32_t>(<float>t > q)
+    # RNE(q), one down where it lies above q
+    cdef float s = q + <float>12582912.0
+    return <int32_t>float_bits(s - one_if((s - <float>12582912.0) > q)) - <int32_t>ROUND_MAGIC_BITS
 
 
 cdef inline int32_t datapath_round_f32_up(float q, uint32_t random_word) noexcept nogil:
-    cdef int32_t t = <int32_t>q
-    return t + <int32_t>(<float>t < q)
+    cdef float s = q + <float>12582912.0
+    return <int32_t>float_bits(s + one_if((s - <float>12582912.0) < q)) - <int32_t>ROUND_MAGIC_BITS
 
 
 cdef inline int32_t datapath_round_f32_to_odd(float q, uint32_t random_word) noexcept nogil:
-    # inexact: the odd one of floor(q) and floor(q) + 1, which is floor(q) | 1 in two's
-    # complement for either sign
-    cdef int32_t t = <int32_t>q
-    cdef float whole = <float>t
-    return (t - <int32_t>(whole > q)) | <int32_t>(whole != q)
+    # on the magnitude, which rounds to odd as the value does: trunc(|q|) | 1 where
+    # inexact (the odd one of the two neighbours), converted back and given q's sign
+    cdef float a = fabsf(q)
+    cdef int32_t whole = <int32_t>a
+    whole = whole | <int32_t>(<float>whole != a)
+    return <int32_t>copysign_f32(<float>whole, q)
 
 
 cdef inline int32_t datapath_round_f32_stochastic(float q, uint32_t random_word) noexcept nogil:
     # on the magnitude, as round_magnitude defines it: the carry adds one unit away from 0
     cdef float a = fabsf(q)
-    cdef int32_t whole = <int32_t>a
-    whole = whole + datapath_round_up_stochastic(0, a - <float>whole, 0, random_word)
-    return select_i32(q < <float>0.0, -whole, whole)
+    cdef float whole = <float><int32_t>a
+    return <int32_t>copysign_f32(whole + one_if(stochastic_carry_f32(a - whole, random_word)), q)

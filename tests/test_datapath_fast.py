@@ -254,6 +254,112 @@ def test_stochastic_word_alignment_in_the_float32_loops():
     assert got.tolist() == [1, 0, 0, 3, 2, -3]
 
 
+# The integer loops clamp the quotient to [lo - z, hi - z] in float32 BEFORE rounding it
+# (a NaN first replaced by a quotient the clamp sends to its rule's code): what the clamp
+# could change is the code of a quotient on or beside those bounds, at any zero point.
+INTEGER_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535),
+                  "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1)}
+
+
+def zero_points(out):
+    lo, hi = INTEGER_RANGES[out]
+    return sorted({lo, lo + 1, (lo + hi) // 2, 0 if lo < 0 else lo + 2, hi - 1, hi})
+
+
+def boundary_quotients(out, z):
+    """Quotients on the clamp's bounds lo - z and hi - z, a quarter, a half (the ties) and
+    whole units either side, their float32 neighbours, and beyond the range."""
+    lo, hi = INTEGER_RANGES[out]
+    q = np.concatenate([[bound + k / 4 for k in range(-9, 10)] for bound in (lo - z, hi - z)]
+                       + [[0.0, -0.0, 0.5, -0.5, 1e6, -1e6]])
+    q = f32(q)
+    return np.concatenate([q, np.nextafter(q, np.float32(np.inf)), np.nextafter(q, np.float32(-np.inf)),
+                           f32([np.nan, -np.nan, np.inf, -np.inf])])
+
+
+def zero_point_array(out, values):
+    dtype = qemu_q.quantize_linear(np.float32(0), np.float32(1), output_dtype=out).dtype
+    return np.asarray(values, dtype=np.int64).astype(dtype)
+
+
+@pytest.mark.parametrize("rule", ["min", "zero", "max"])
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("out", list(INTEGER_RANGES))
+def test_the_clamp_before_rounding_at_every_zero_point(out, rounding, rule):
+    # Per tensor (one zero point per call) and per element (per axis along the last axis,
+    # one zero point per column: the loops' `vary` variants), divide and reciprocal, with
+    # a power-of-two scale (the quotient is x exactly) and 0.37 (x is the quotient's
+    # float32 product, itself rounded).
+    zs = zero_points(out)
+    rows = max(boundary_quotients(out, z).size for z in zs)
+    for scale, scale_mode in ((np.float32(0.5), ("divide", None)), (np.float32(0.37), ("reciprocal", "float32"))):
+        dp = {"rounding": rounding, "nan_to_integer": rule, "scale": scale_mode[0],
+              "scale_precision": scale_mode[1]}
+        x = np.empty((rows, len(zs)), np.float32)
+        for j, z in enumerate(zs):
+            column = f32(boundary_quotients(out, z).astype(np.float64) * float(scale))
+            x[:, j] = np.resize(column, rows)
+        words = random_words(x.shape, 30) if rounding == "stochastic" else None
+        want = np.stack([oracle.quantize_array(x[:, j], float(scale), z, OUTPUTS[out], dp,
+                                               words=None if words is None else words[:, j],
+                                               x_type="float", scale_type="float")
+                         for j, z in enumerate(zs)], axis=1)
+        per_element = qemu_q.quantize_linear(x, f32([scale] * len(zs)), zero_point_array(out, zs), axis=1,
+                                             datapath=qemu_q.Datapath(**dp), random_bits=words)
+        check(per_element, want, f"{out} {dp} per element")
+        for j, z in enumerate(zs):
+            column = np.ascontiguousarray(x[:, j])
+            got = qemu_q.quantize_linear(column, scale, zero_point_array(out, z), datapath=qemu_q.Datapath(**dp),
+                                         random_bits=None if words is None else np.ascontiguousarray(words[:, j]))
+            check(got, want[:, j], f"{out} {dp} zero point {z}")
+
+
+def test_the_float32_roundings_at_their_identities():
+    # The loops' roundings (datapath_round_f32_* in _codecs.pxd) rest on float32
+    # identities near 1/2: RNE(q) and the remainder q - RNE(q) for half_up/half_down/
+    # down/up, q + copysign(1/2 - 2**-25, q) for half_away (1/2 - 2**-25 must stay at 0),
+    # trunc and its exactness for to_odd. One float32 in about 90 of [1/4, 4) and of
+    # [2**14, 2**16), the floats beside 1/2, 3/2 and 65535, random ones, both signs,
+    # divided by 1, against exact Python integers.
+    def exact(mode, v):
+        f = Fraction(v)
+        down = f.numerator // f.denominator
+        rest = f - down
+        if rest == 0:
+            return down
+        if mode == "half_up":
+            return down + (rest >= Fraction(1, 2))
+        if mode == "half_down":
+            return down + (rest > Fraction(1, 2))
+        if mode == "half_away":
+            up = rest > Fraction(1, 2) or (rest == Fraction(1, 2) and f > 0)
+            return down + up
+        if mode == "down":
+            return down
+        if mode == "up":
+            return down + 1
+        if mode == "to_odd":
+            return down if down % 2 else down + 1
+        raise AssertionError(mode)
+
+    # uint16 codes: zero point 0 for the positive quotients, 65535 for the negative ones,
+    # so that no code of [-65535, 65535] saturates.
+    rng = np.random.default_rng(31)
+    b = np.concatenate([np.arange(0x3E800000, 0x40800000, 97, dtype=np.uint32),
+                        np.arange(0x46800000, 0x47800000, 89, dtype=np.uint32),
+                        np.uint32([0x3EFFFFFF, 0x3F000000, 0x3F000001, 0x3F7FFFFF, 0x3FBFFFFF, 0x3FC00000,
+                                   0x3FC00001, 0x477FFF80, 0x477FFF7F, 0x477FFF00]),
+                        rng.integers(1, 0x477FFF00, 4000, dtype=np.uint64).astype(np.uint32)])
+    x = b.view(np.float32)
+    values = x.astype(np.float64).tolist()
+    for mode in ("half_up", "half_down", "half_away", "down", "up", "to_odd"):
+        dp = qemu_q.Datapath(rounding=mode)
+        got = qemu_q.quantize_linear(x, np.float32(1), np.uint16(0), datapath=dp)
+        check(got, [min(exact(mode, v), 65535) for v in values], f"{mode} positive")
+        got = qemu_q.quantize_linear(-x, np.float32(1), np.uint16(65535), datapath=dp)
+        check(got, [max(exact(mode, -v) + 65535, 0) for v in values], f"{mode} negative")
+
+
 # ------------------------------------------------- the same bits as the scalar datapath
 
 ALL_OPTIONS = [dict(rounding=r, scale=sc, scale_precision=sp, subnormals=sub, nan_to_integer=nz)
