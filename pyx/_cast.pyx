@@ -66,6 +66,7 @@ cdef struct CastPlan:
     # onnxruntime reads it into a float, then encode_float8_onnxruntime.
     bint onnxruntime_float8
     int target_format
+    int source_format
 
 
 cdef struct CastWork:
@@ -265,6 +266,10 @@ cdef inline uint64_t onnxruntime_float8_convert(uint64_t raw, const CastPlan* p)
     cdef int k = p.source_kind
     cdef int shift
     cdef float v
+    if k == CAST_SMALL_FLOAT and p.source_format == p.target_format:
+        # Cast::Compute copies the tensor when from == to: every code kept (e5m2's NaN
+        # codes 0x7D / 0x7E and +-inf with saturate=1 included)
+        return raw
     if k == CAST_SIGNED:
         shift = 64 - p.source_bits
         v = <float>((<int64_t>(raw << shift)) >> shift)
@@ -420,6 +425,7 @@ cdef class CastConfig:
         p = &self.plan
         p.onnxruntime_float8 = onnxruntime_float8
         p.target_format = target_format
+        p.source_format = source_format
         p.path = path
         p.source_kind = source_kind
         p.source_bits = source_bits

@@ -46,8 +46,8 @@ _QL_FLOAT16_ORT = "QL-19/21: float16 x, onnxruntime divides in float32"
 _DQ_TWICE = "DQ: float16 / bfloat16 output rounded twice"
 _U8S8 = ("MatMulInteger / QLinearMatMul u8 x s8: onnxruntime's int16 pair saturation "
          "(AVX2 without VNNI)")
-# What float8_encoder="onnxruntime" reproduces (onnxruntime's float8.h constructors, and
-# its Cast's bfloat16 read without saturation).
+# What float8_encoder="onnxruntime" reproduces (onnxruntime's float8.h constructors, its
+# Cast's bfloat16 read without saturation and its copy of a same-type Cast).
 _ORT_FLOAT8 = (
     "QL-19/21/23 FNUZ saturate=1: +-inf",
     "QL e5m2: onnxruntime NaN codes 0x7F / 0xFF",
@@ -58,6 +58,7 @@ _ORT_FLOAT8 = (
     "Cast e4m3fn saturate=0: onnxruntime 448 for 480 <= |x| < 496",
     "Cast e5m2 saturate=0: onnxruntime NaN for 61440 <= |x| < 65536",
     "Cast bfloat16 -NaN into float8 with saturate=0: onnxruntime drops the sign",
+    "Cast float8e5m2 -> float8e5m2: the peers keep codes",
 )
 
 _NO_FIELD_ORT_QL = {

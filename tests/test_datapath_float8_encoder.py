@@ -413,3 +413,27 @@ def test_round_trip_through_json():
     import json
 
     assert datapaths.parse_datapath(json.loads(qemu_q.profiles.as_json(ORT))) == ORT
+
+
+@pytest.mark.parametrize("source", FLOAT8)
+@pytest.mark.parametrize("name", FLOAT8)
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_cast_between_float8_types(source, name, saturate):
+    """Every code of a float8 type: into another float8 type its value (decoded exactly to
+    float32) goes through the constructor; into its own type onnxruntime's Cast copies the
+    tensor, every code kept."""
+    import ml_dtypes
+
+    from qemu_q._dtypes import ELEMENT_TYPES
+
+    codes = np.arange(256, dtype=np.uint8)
+    x = codes.view(ELEMENT_TYPES[source].dtype)
+    got = _codes(qemu_q.cast(x, name, saturate=saturate, opset=25, datapath=ORT))
+    if source == name:
+        assert_same_bits(got, codes, name)
+        return
+    with np.errstate(invalid="ignore"):
+        values = x.astype(np.float32)  # exact: every float8 value is a float32
+    assert ml_dtypes.finfo(x.dtype).bits == 8
+    assert_same_bits(got, onnxruntime_float8(_bits(values), name, bool(saturate)),
+                     f"{source} -> {name}")

@@ -102,7 +102,9 @@ def _min_normal(etype: ElementType) -> float:
     import ml_dtypes
 
     if etype.kind == "small_float" or etype.name in ("float", "float16", "bfloat16", "double"):
-        finfo = np.finfo(etype.dtype) if etype.dtype.kind == "f" and etype.name != "bfloat16" else ml_dtypes.finfo(etype.dtype)
+        # ml_dtypes' types report numpy kind "f" but only ml_dtypes.finfo knows them
+        finfo = (np.finfo(etype.dtype) if etype.name in ("float", "float16", "double")
+                 else ml_dtypes.finfo(etype.dtype))
         return float(finfo.smallest_normal)
     return 0.0
 
