@@ -17,7 +17,8 @@ from _codecs cimport (
     CAST_SIGNED, CAST_UNSIGNED, CAST_BOOL, CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT,
     CAST_PATH_F32_E8M0, SF_COUNT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
     SF_RULE_NAN_NEGATIVE_ZERO, E8M0_UP, E8M0_NEAREST,
-    SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
+    SmallFloat32Encoder, small_float32_encoder, encode_small_float32, encode_float8_onnxruntime,
+    SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32,
     encode_e8m0, decode_e8m0, double_to_float_odd, uint64_to_double_odd, int64_to_double_odd,
     float_bits, bits_float, double_bits, bits_double, float16_to_float, bfloat16_to_float,
@@ -61,6 +62,11 @@ cdef struct CastPlan:
     int target_min_exponent
     double target_max
     uint64_t nan_bits         # the canonical NaN of an IEEE target
+    # float8_encoder="onnxruntime" into a float8 target (target_format): the input as
+    # onnxruntime reads it into a float, then encode_float8_onnxruntime.
+    bint onnxruntime_float8
+    int target_format
+    int source_format
 
 
 cdef struct CastWork:
@@ -250,11 +256,54 @@ cdef inline uint64_t datapath_from_value(double v, uint32_t word, const CastPlan
     return encode_value(v, p)
 
 
+cdef inline uint64_t onnxruntime_float8_convert(uint64_t raw, const CastPlan* p) noexcept nogil:
+    # onnxruntime's Cast into float8 (onnxruntime/core/providers/cpu/tensor/cast_op.cc):
+    # every input becomes a float (static_cast<float>: float64 and wide integers round to
+    # nearest, ties to even) and goes through the float8 constructor. Its saturate=0 loop
+    # reads bfloat16 with BFloat16::ToFloat, which returns a positive quiet NaN for every
+    # NaN (include/onnxruntime/core/session/onnxruntime_float16.h); its saturate=1 loop
+    # (Eigen's cast) keeps the sign.
+    cdef int k = p.source_kind
+    cdef int shift
+    cdef float v
+    if k == CAST_SMALL_FLOAT and p.source_format == p.target_format:
+        # Cast::Compute copies the tensor when from == to: every code kept (e5m2's NaN
+        # codes 0x7D / 0x7E and +-inf with saturate=1 included)
+        return raw
+    if k == CAST_SIGNED:
+        shift = 64 - p.source_bits
+        v = <float>((<int64_t>(raw << shift)) >> shift)
+    elif k == CAST_UNSIGNED:
+        v = <float>(raw & ((<uint64_t>1 << p.source_bits) - 1) if p.source_bits < 64 else raw)
+    elif k == CAST_BOOL:
+        v = 1.0 if raw != 0 else 0.0
+    elif k == CAST_FLOAT64:
+        v = <float>bits_double(raw)
+    elif k == CAST_FLOAT32:
+        v = bits_float(<uint32_t>raw)
+    elif k == CAST_FLOAT16:
+        v = float16_to_float(<uint16_t>raw)
+    elif k == CAST_BFLOAT16:
+        if not p.saturate and (raw & 0x7FFF) > 0x7F80:
+            v = bits_float(0x7FC00000)
+        else:
+            v = bfloat16_to_float(<uint16_t>raw)
+    elif k == CAST_SMALL_FLOAT:
+        v = decode_small_float32(<uint32_t>raw, &p.decoder)
+    else:
+        v = decode_e8m0(<uint32_t>raw)
+    if p.flush_inputs and fabs(v) < p.source_min_normal:
+        v = copysign(0.0, v)
+    return <uint64_t>encode_float8_onnxruntime(v, &p.encoder, p.target_format, p.saturate)
+
+
 cdef inline uint64_t datapath_convert(uint64_t raw, uint32_t word, const CastPlan* p) noexcept nogil:
     cdef int k = p.source_kind
     cdef int shift
     cdef uint64_t bits, magnitude
     cdef bint negative
+    if p.onnxruntime_float8:
+        return onnxruntime_float8_convert(raw, p)
     if k == CAST_SIGNED or k == CAST_UNSIGNED or k == CAST_BOOL:
         if k == CAST_SIGNED:
             shift = 64 - p.source_bits
@@ -337,7 +386,8 @@ cdef class CastConfig:
                  int target_kind, int target_bits, int target_format, int round_mode,
                  bint saturate, int small_float_rules, bint datapath=False,
                  int rounding=DP_HALF_EVEN, bint flush_inputs=False, bint flush_outputs=False,
-                 bint canonical_nan=False, double source_min_normal=0.0):
+                 bint canonical_nan=False, double source_min_normal=0.0,
+                 bint onnxruntime_float8=False):
         cdef SmallFloatFormat f
         if path not in (CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_F32_E8M0):
             raise ValueError(f"CastConfig: unknown path {path}")
@@ -362,7 +412,20 @@ cdef class CastConfig:
             raise ValueError("CastConfig: a datapath runs on the general path only")
         if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
             raise ValueError(f"CastConfig: rounding {rounding} is not a datapath rounding")
+        # encode_float8_onnxruntime relies on the Cast-24 rows in the encoder and rounds
+        # half to even itself, without a flush of its results.
+        if onnxruntime_float8 and not (
+                datapath and target_kind == CAST_SMALL_FLOAT
+                and target_format in (SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ)
+                and small_float_rules == SF_RULE_NAN_SIGN and rounding == DP_HALF_EVEN
+                and not flush_outputs and not canonical_nan):
+            raise ValueError("CastConfig: onnxruntime_float8 needs the datapath path into a float8 "
+                             "type, the Cast-24 rows (small_float_rules=SF_RULE_NAN_SIGN), "
+                             "rounding half_even, no flush of the outputs and no canonical NaN")
         p = &self.plan
+        p.onnxruntime_float8 = onnxruntime_float8
+        p.target_format = target_format
+        p.source_format = source_format
         p.path = path
         p.source_kind = source_kind
         p.source_bits = source_bits

@@ -517,6 +517,34 @@ cdef inline int encode_small_float32(float q, const SmallFloat32Encoder* e) noex
     return code
 
 
+# Datapath(float8_encoder="onnxruntime"): the float -> float8 constructors of onnxruntime's
+# include/onnxruntime/core/common/float8.h (Float8E4M3FN(float v, bool saturate) and its
+# three siblings), which truncate the float32 mantissa, then round half to even only while
+# the truncated code is below the largest finite one. On every float32 they give the ONNX
+# rounding and the Cast-24 table's rows (the encoder `e` is built with SF_RULE_NAN_SIGN
+# alone), except where that order of steps shows (docs/semantics.md, "Datapath options";
+# tests/test_datapath_float8_encoder.py transcribes the constructors themselves):
+# - e4m3fn, saturate=0: the truncated code of 480 <= |v| < 512 is the NaN code, which the
+#   constructor lowers to 0x7E (448) before rounding; a value that does not round up,
+#   |v| < 496, keeps 448 instead of the NaN of an overflow.
+# - e5m2, saturate=0: a round-up from 0x7B (57344) ORs the infinity code 0x7C into 0x7B,
+#   which gives 0x7F, a NaN, for 61440 <= |v| < 65536 (from 65536 up: infinity).
+# - e5m2: a NaN input is the all-ones magnitude with the input's sign, 0x7F / 0xFF.
+cdef inline int encode_float8_onnxruntime(float v, const SmallFloat32Encoder* e, int fmt_id,
+                                          bint saturate) noexcept nogil:
+    cdef uint32_t u = float_bits(v)
+    cdef uint32_t a = u & 0x7FFFFFFF
+    cdef int sign = <int>((u >> 31) << 7)
+    if fmt_id == SF_E5M2:
+        if a > 0x7F800000:
+            return sign | 0x7F
+        if not saturate and 0x47700000 <= a < 0x47800000:  # [61440, 65536)
+            return sign | 0x7F
+    elif fmt_id == SF_E4M3FN and not saturate and 0x43F00000 <= a < 0x43F80000:  # [480, 496)
+        return sign | 0x7E
+    return encode_small_float32(v, e)
+
+
 cdef inline float select_f32(bint condition, float if_true, float if_false) noexcept nogil:
     # select_i32 on the bits: both operands computed, no branch, no speculation needed.
     return bits_float(<uint32_t>select_i32(condition, <int32_t>float_bits(if_true), <int32_t>float_bits(if_false)))

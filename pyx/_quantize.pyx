@@ -18,7 +18,8 @@ from _layout cimport (
 from _tasks cimport run_tasks
 from _codecs cimport (
     x_storage_t, code_storage_t,
-    SmallFloat32Encoder, small_float32_encoder, encode_small_float32,
+    SmallFloat32Encoder, small_float32_encoder, encode_small_float32, encode_float8_onnxruntime,
+    SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT, SF_COUNT,
     PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
     float16_to_float, bfloat16_to_float, divide_to_value_format,
@@ -168,6 +169,11 @@ cdef struct QuantizePlan:
     int sf_min_exponent
     int sf_clamp_exponent     # above the format's largest value (qemu_q.minifloat_type's reach 2**127)
     const uint32_t* random_bits  # one word per element of x (stochastic rounding), else NULL
+    # float8_encoder="onnxruntime" into a float8 type: encode_float8_onnxruntime rounds
+    # and encodes the quotient (the datapath's own rounding is half_even there).
+    bint onnxruntime_float8
+    int small_float_id
+    bint saturate
     # float32 x and scale, the quotient in float32 (x / s, or x * (1 / s)): the datapath's
     # vectorized float32 loops (run_datapath_f32) instead of datapath_one.
     bint datapath_f32
@@ -271,6 +277,10 @@ cdef inline int datapath_one(x_storage_t v, double scale, double zero_point, uin
         return (<int>n) & p.mask
     # The zero point of a float type is +0 or -0: it decides the sign of a zero quotient.
     q = q + zero_point
+    if p.onnxruntime_float8:
+        # the constructor's `float v`: a float64 quotient (scale_precision="float64") is
+        # rounded to float32 first, as onnxruntime's caller would
+        return encode_float8_onnxruntime(<float>q, &p.encoder, p.small_float_id, p.saturate)
     if not isnan(q) and not isinf(q):
         q = round_to_minifloat_value(q, p.sf_mantissa_bits, p.sf_min_exponent, p.sf_clamp_exponent,
                                      p.rounding, random_word, p.flush_outputs)
@@ -625,7 +635,7 @@ cdef class QuantizeConfig:
                  int rounding=DP_HALF_EVEN, bint reciprocal=False, bint float64_quotient=False,
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
                  double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False,
-                 bint datapath_f32=False):
+                 bint datapath_f32=False, bint onnxruntime_float8=False):
         cdef int clamp
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
@@ -707,6 +717,19 @@ cdef class QuantizeConfig:
                                  and (reciprocal or precision == FMT_FLOAT32)):
             raise ValueError("datapath_f32 needs a datapath with float32 x and scale and a float32 quotient")
         self.plan.datapath_f32 = datapath_f32
+        # encode_float8_onnxruntime relies on the Cast-24 rows in the encoder and rounds
+        # half to even itself, without a flush of its results.
+        if onnxruntime_float8 and not (
+                datapath and not datapath_f32 and code_kind == CODE_SMALL_FLOAT
+                and small_float_id in (SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ)
+                and small_float_rules == SF_RULE_NAN_SIGN and rounding == DP_HALF_EVEN
+                and not flush_outputs):
+            raise ValueError("onnxruntime_float8 needs the general datapath path into a float8 "
+                             "type, the Cast-24 rows (small_float_rules=SF_RULE_NAN_SIGN), "
+                             "rounding half_even and no flush of the outputs")
+        self.plan.onnxruntime_float8 = onnxruntime_float8
+        self.plan.small_float_id = small_float_id
+        self.plan.saturate = saturate
         set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
     @property

@@ -20,6 +20,12 @@ SCALE_PRECISIONS = (None, "float32", "float64")
 NANS = ("spec", "canonical")
 NANS_TO_INTEGER = ("min", "zero", "max")
 SUBNORMALS = ("keep", "flush_inputs", "flush_outputs", "flush_both")
+# How a float quotient or Cast input becomes a float8 code (the four ONNX float8 types):
+# "exact", the ONNX rounding and the Cast table of the op's version; "onnxruntime", the
+# constructors of onnxruntime's include/onnxruntime/core/common/float8.h (pyx/_codecs.pxd,
+# encode_float8_onnxruntime; docs/semantics.md, "Datapath options").
+FLOAT8_ENCODERS = ("exact", "onnxruntime")
+FLOAT8_TYPES = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz")
 # QLinearMatMul / QLinearConv: the requantization rule (their `requantization=` values);
 # None leaves it to that argument.
 REQUANTIZATIONS = (None, "exact", "float32", "float64")
@@ -105,6 +111,13 @@ class Datapath:
     accumulator: the integer ops' accumulator, as their `accumulator=` takes it: "int32"
         (ONNX: wrap modulo 2^32), "x86-u8s8-pairs", "int<N>" / "int<N>-saturate" (N 8..32).
         QuantizeLinear and DequantizeLinear accumulate nothing and ignore it.
+    float8_encoder: how QuantizeLinear's quotient and Cast's input become a code of the
+        four ONNX float8 types: "exact" (the ONNX rounding and the Cast table of the op's
+        version) or "onnxruntime" (the float8 constructors of onnxruntime's float8.h:
+        Cast-24's rows at every version, 448 for 480 <= |v| < 496 into e4m3fn and NaN for
+        61440 <= |v| < 65536 into e5m2 with saturate=0, the e5m2 NaN 0x7F / 0xFF). With
+        "onnxruntime" the op requires rounding="half_even", nan="spec" and no flush of
+        the outputs for a float8 output; other outputs ignore it.
     """
 
     rounding: str = "half_even"
@@ -116,6 +129,7 @@ class Datapath:
     accumulator: str = "int32"
     requantization: str | None = None
     by_version: tuple = ()
+    float8_encoder: str = "exact"
 
     def __post_init__(self):
         _check("rounding", self.rounding, ROUNDINGS)
@@ -125,6 +139,7 @@ class Datapath:
         _check("nan_to_integer", self.nan_to_integer, NANS_TO_INTEGER)
         _check("subnormals", self.subnormals, SUBNORMALS)
         _check("requantization", self.requantization, REQUANTIZATIONS)
+        _check("float8_encoder", self.float8_encoder, FLOAT8_ENCODERS)
         object.__setattr__(self, "by_version", _freeze_by_version(self.by_version))
         if self.accumulator != "int32":  # (the default needs no parsing: ONNX is built at import)
             from .ops._datapath import parse_accumulator
@@ -180,6 +195,25 @@ def as_datapath(datapath, where: str = "datapath", op_type: str | None = None,
     if op_type is not None:
         return datapath.for_op(op_type, opset)
     return datapath
+
+
+def check_float8_encoder(datapath: Datapath, out_type_name: str, where: str) -> bool:
+    """True when `datapath.float8_encoder` governs an output of this type (the four ONNX
+    float8 types under "onnxruntime"); then the fields that encoder fixes must be at the
+    values it implements, else a ValueError naming the op, the field and its value."""
+    if datapath.float8_encoder == "exact" or out_type_name not in FLOAT8_TYPES:
+        return False
+    for name, allowed, message in (
+            ("rounding", ("half_even",), "the constructors round half to even"),
+            ("nan", ("spec",), "the constructors write their own NaN codes"),
+            ("subnormals", ("keep", "flush_inputs"), "the constructors flush no result")):
+        value = getattr(datapath, name)
+        if value not in allowed:
+            raise ValueError(
+                f"{where}: datapath {name}={value!r} with float8_encoder='onnxruntime' into "
+                f"{out_type_name} is not implemented ({message}); allowed: "
+                + ", ".join(map(repr, allowed)))
+    return True
 
 
 def integer_op_accumulator(datapath, accumulator: str, where: str) -> str:

@@ -46,6 +46,20 @@ _QL_FLOAT16_ORT = "QL-19/21: float16 x, onnxruntime divides in float32"
 _DQ_TWICE = "DQ: float16 / bfloat16 output rounded twice"
 _U8S8 = ("MatMulInteger / QLinearMatMul u8 x s8: onnxruntime's int16 pair saturation "
          "(AVX2 without VNNI)")
+# What float8_encoder="onnxruntime" reproduces (onnxruntime's float8.h constructors, its
+# Cast's bfloat16 read without saturation and its copy of a same-type Cast).
+_ORT_FLOAT8 = (
+    "QL-19/21/23 FNUZ saturate=1: +-inf",
+    "QL e5m2: onnxruntime NaN codes 0x7F / 0xFF",
+    "QL e4m3fn saturate=0: onnxruntime 448 for 480 <= |q| < 496",
+    "QL e5m2 saturate=0: onnxruntime NaN for 61440 <= |q| < 65536",
+    "Cast-19/21/23 FNUZ saturate=1: +-inf",
+    "Cast e5m2: onnxruntime NaN codes 0x7F / 0xFF",
+    "Cast e4m3fn saturate=0: onnxruntime 448 for 480 <= |x| < 496",
+    "Cast e5m2 saturate=0: onnxruntime NaN for 61440 <= |x| < 65536",
+    "Cast bfloat16 -NaN into float8 with saturate=0: onnxruntime drops the sign",
+    "Cast float8e5m2 -> float8e5m2: the peers keep codes",
+)
 
 _NO_FIELD_ORT_QL = {
     "QL-19/21: float16 x, onnxruntime divides in float32":
@@ -59,17 +73,10 @@ _NO_FIELD_ORT_QL = {
         "the peers round x and the scale to the precision attribute's type before dividing: "
         "no Datapath field rounds the operands first",
     "QL-19/21/23 FNUZ saturate=1: +-inf":
-        "the peers apply Cast-24's rows at every opset: the Cast table of a version is no "
-        "Datapath field",
-    "QL e5m2: onnxruntime NaN codes 0x7F / 0xFF":
-        "onnxruntime writes the all-ones mantissa with the sign of the NaN; nan='canonical' "
-        "is 0x7F for both signs and also changes e4m3fn's -NaN, where onnxruntime agrees",
-    "QL e4m3fn saturate=0: onnxruntime 448 for 480 <= |q| < 496":
-        "a defect of onnxruntime's conversion, not a rounding or overflow rule: no Datapath "
-        "field says it (it would need a kernel change in pyx/_quantize.pyx)",
-    "QL e5m2 saturate=0: onnxruntime NaN for 61440 <= |q| < 65536":
-        "a defect of onnxruntime's conversion (NaN where the rounding overflows below 65536): "
-        "no Datapath field says it",
+        "onnx.reference applies Cast-24's rows at every opset: only float8_encoder="
+        "'onnxruntime' does too, and it brings onnxruntime's other float8 departures (448 "
+        "for e4m3fn's [480, 496), the e5m2 NaN band and codes), where onnx.reference agrees "
+        "with the ONNX table",
     "QL float8: -0 quotient plus a +0 zero point":
         "the peers ignore a float8 zero point: no Datapath field drops the zero point",
 }
@@ -98,8 +105,9 @@ _NO_FIELD_CAST = {
         "the peers convert the integer to float32 first: no Datapath field rounds a Cast's "
         "input to an intermediate type",
     "Cast-19/21/23 FNUZ saturate=1: +-inf":
-        "the peers apply Cast-24's rows at every opset: the Cast table of a version is no "
-        "Datapath field",
+        "onnx.reference applies Cast-24's rows at every version: only float8_encoder="
+        "'onnxruntime' does too, and it brings onnxruntime's other float8 departures, where "
+        "onnx.reference agrees with the ONNX table",
     "Cast between float types: signalling NaN payloads":
         "the peers keep or drop NaN payload bits as their conversion does; nan='canonical' "
         "writes one NaN, which is neither",
@@ -108,16 +116,6 @@ _NO_FIELD_CAST = {
 }
 
 _NO_FIELD_CAST_ORT = {
-    "Cast bfloat16 -NaN into float8 with saturate=0: onnxruntime drops the sign":
-        "only bfloat16 -NaN with saturate=0 loses its sign (with saturate=1 it keeps it): "
-        "nan='canonical' would change every other NaN too",
-    "Cast e4m3fn saturate=0: onnxruntime 448 for 480 <= |x| < 496":
-        "a defect of onnxruntime's conversion, not a rounding or overflow rule",
-    "Cast e5m2 saturate=0: onnxruntime NaN for 61440 <= |x| < 65536":
-        "a defect of onnxruntime's conversion (NaN where the rounding overflows below 65536)",
-    "Cast e5m2: onnxruntime NaN codes 0x7F / 0xFF":
-        "onnxruntime writes the all-ones mantissa with the NaN's sign; nan='canonical' is "
-        "0x7F for both signs",
     "Cast float8 -0 and float8e8m0 -> bool: onnxruntime":
         "onnxruntime reads -0 as True and 2^-127 as False: a conversion defect, not a "
         "datapath step",
@@ -139,13 +137,15 @@ _NO_FIELD_CAST_REFERENCE = {
 _FLOAT32_DQ_PRODUCT = ("DequantizeLinear", 1, 28, (("scale_precision", "float32"),))
 _FLOAT32_QL_19_21 = ("QuantizeLinear", 19, 21, (("scale_precision", "float32"),))
 
-onnxruntime_cpu = Datapath(requantization="float32",
+onnxruntime_cpu = Datapath(requantization="float32", float8_encoder="onnxruntime",
                            by_version=(_FLOAT32_QL_19_21, _FLOAT32_DQ_PRODUCT))
 """onnxruntime 1.32, CPUExecutionProvider, on an x86 CPU with VNNI (VPDPBUSD: u8 x s8
 products accumulate in int32, as qemu_q's default): QLinearMatMul / QLinearConv requantize
 by `fl32(fl32(acc) * fl32(multiplier))` ("float32"); QuantizeLinear-19/21 divides float16
 operands in float32; DequantizeLinear forms its product in float32 and rounds it to a
-float16 / bfloat16 output after."""
+float16 / bfloat16 output after; QuantizeLinear and Cast encode float8 with the constructors of
+its include/onnxruntime/core/common/float8.h ("onnxruntime": Cast-24's rows at every
+version, its saturate=0 bands and its e5m2 NaN codes)."""
 
 onnxruntime_cpu_avx2 = dataclasses.replace(onnxruntime_cpu, accumulator="x86-u8s8-pairs")
 """onnxruntime 1.32 on an x86 CPU with AVX2 and without VNNI: `onnxruntime_cpu` with the u8 x
@@ -161,9 +161,9 @@ _NO_DATAPATH_DYNAMIC = (
     "ONNX default under every profile")
 
 _ORT_REMAINDER = {
-    **{h: r for h, r in _NO_FIELD_ORT_QL.items() if h != _QL_FLOAT16_ORT},
+    **{h: r for h, r in _NO_FIELD_ORT_QL.items() if h != _QL_FLOAT16_ORT and h not in _ORT_FLOAT8},
     "DQ: int32 x beyond 2^24": _NO_FIELD_DQ["DQ: int32 x beyond 2^24"],
-    **_NO_FIELD_CAST,
+    **{h: r for h, r in _NO_FIELD_CAST.items() if h not in _ORT_FLOAT8},
     **_NO_FIELD_CAST_ORT,
     "DynamicQuantizeLinear: NaN in x": _NO_DATAPATH_DYNAMIC,
 }
@@ -203,11 +203,11 @@ _REFERENCE_REMAINDER = {
 PROFILES = {
     "onnxruntime_cpu": Profile(
         name="onnxruntime_cpu", peer="onnxruntime", datapath=onnxruntime_cpu,
-        reproduces=(_REQUANTIZATION, _QL_FLOAT16_ORT, _DQ_TWICE),
+        reproduces=(_REQUANTIZATION, _QL_FLOAT16_ORT, _DQ_TWICE, *_ORT_FLOAT8),
         remainder=_frozen(_ORT_REMAINDER)),
     "onnxruntime_cpu_avx2": Profile(
         name="onnxruntime_cpu_avx2", peer="onnxruntime", datapath=onnxruntime_cpu_avx2,
-        reproduces=(_REQUANTIZATION, _QL_FLOAT16_ORT, _DQ_TWICE, _U8S8),
+        reproduces=(_REQUANTIZATION, _QL_FLOAT16_ORT, _DQ_TWICE, *_ORT_FLOAT8, _U8S8),
         remainder=_frozen(_ORT_REMAINDER)),
     "onnx_reference": Profile(
         name="onnx_reference", peer="onnx.reference", datapath=onnx_reference,

@@ -450,7 +450,7 @@ def test_golden_datapath_writes_npz_and_hex_with_the_datapath(capsys, tmp_path):
     assert manifest["datapath"] == {
         "rounding": "half_away", "scale": "reciprocal", "scale_precision": "float32",
         "nan": "spec", "nan_to_integer": "min", "subnormals": "keep", "accumulator": "int32",
-        "requantization": None, "by_version": []}
+        "requantization": None, "by_version": [], "float8_encoder": "exact"}
     assert manifest["datapath_is_onnx"] is False
     assert "not written" in manifest["onnx_folders"] and manifest["formats"] == ["npz", "hex"]
     assert not list(out.rglob("*.onnx")) and not list(out.rglob("*.pb"))

@@ -63,9 +63,11 @@ def test_profile_fields():
     float32_ql = ("QuantizeLinear", 19, 21, {"scale_precision": "float32"})
     float32_dq = ("DequantizeLinear", 1, 28, {"scale_precision": "float32"})
     assert profiles.onnxruntime_cpu == Datapath(requantization="float32",
+                                                float8_encoder="onnxruntime",
                                                 by_version=(float32_ql, float32_dq))
     assert profiles.onnxruntime_cpu_avx2 == Datapath(
-        requantization="float32", accumulator="x86-u8s8-pairs", by_version=(float32_ql, float32_dq))
+        requantization="float32", accumulator="x86-u8s8-pairs", float8_encoder="onnxruntime",
+        by_version=(float32_ql, float32_dq))
     assert profiles.onnx_reference == Datapath(requantization="float64", by_version=(float32_dq,))
     # resolved per version: float32 division at QuantizeLinear-19/21 only
     assert profiles.onnxruntime_cpu.for_op("QuantizeLinear", 20).scale_precision == "float32"
@@ -308,6 +310,75 @@ def test_onnxruntime_u8s8_entry_on_this_cpu():
         assert theirs == [[want]]
     else:  # another instruction set: onnxruntime's path is one of the two models
         assert theirs in ([[exact]], [[pairs]])
+
+
+def _onnxruntime_codes(op_type, inputs, output_type, opset, **attributes) -> list[int]:
+    """onnxruntime's output codes, through IOBinding and raw bytes (its numpy API takes no
+    float8 arrays): tests/test_divergences.py's runner."""
+    pytest.importorskip("onnxruntime")
+    from test_divergences import run_ort
+
+    result = run_ort(op_type, list(inputs), attributes, opset, [output_type])
+    assert not isinstance(result, Exception), result
+    return [int(c) for c in result[0][1]]
+
+
+# The float8 entries' own inputs (docs/divergences.md): (target, saturate, x, onnxruntime's
+# codes as the entries state them). QuantizeLinear takes them with a unit scale.
+_FLOAT8_ENTRIES = [
+    ("float8e4m3fn", 0, [480, 490, 495.75, -480, -495.75], [0x7E, 0x7E, 0x7E, 0xFE, 0xFE]),
+    ("float8e5m2", 0, [61440, 65504, -61440], [0x7F, 0x7F, 0xFF]),
+    ("float8e5m2", 1, [np.nan, -np.nan], [0x7F, 0xFF]),
+    ("float8e5m2", 0, [np.nan, -np.nan], [0x7F, 0xFF]),
+    ("float8e4m3fnuz", 1, [np.inf, -np.inf], [0x7F, 0xFF]),
+    ("float8e5m2fnuz", 1, [np.inf, -np.inf], [0x7F, 0xFF]),
+]
+
+
+@pytest.mark.parametrize("name", ["onnxruntime_cpu", "onnxruntime_cpu_avx2"])
+@pytest.mark.parametrize("target, saturate, values, want", _FLOAT8_ENTRIES)
+@pytest.mark.parametrize("opset", [19, 21])
+def test_onnxruntime_float8_entries(name, target, saturate, values, want, opset):
+    """The float8 entries' inputs: the profile gives the stated codes through QuantizeLinear
+    and Cast, onnxruntime gives them too, and the ONNX default does not (for -NaN the
+    profile keeps the sign as onnxruntime's float32 path does)."""
+    import onnx
+
+    datapath = profiles.PROFILES[name].datapath
+    x = np.array(values, np.float32)  # -np.nan: the sign bit set (0xFFC00000)
+    assert x.view(np.uint32).tolist()[-1] != 0x7FC00000
+    tensor_type = getattr(onnx.TensorProto, target.upper())
+    zero_point = qemu_q.cast(np.zeros(1, np.float32), target).reshape(())
+    got = qemu_q.quantize_linear(x, np.float32(1.0), zero_point, saturate=saturate, opset=opset,
+                                 datapath=datapath)
+    assert got.view(np.uint8).tolist() == want
+    default = qemu_q.quantize_linear(x, np.float32(1.0), zero_point, saturate=saturate, opset=opset)
+    assert default.view(np.uint8).tolist() != want
+    theirs = _onnxruntime_codes("QuantizeLinear", [x, np.float32(1.0), zero_point], tensor_type,
+                                opset, saturate=saturate)
+    assert theirs == want
+    got = qemu_q.cast(x, target, saturate=saturate, opset=opset, datapath=datapath)
+    assert got.view(np.uint8).tolist() == want
+    theirs = _onnxruntime_codes("Cast", [x], tensor_type, opset, to=tensor_type, saturate=saturate)
+    assert theirs == want
+
+
+@pytest.mark.parametrize("saturate, want", [(0, [0x7F, 0x7F]), (1, [0x7F, 0xFF])])
+def test_onnxruntime_bfloat16_negative_nan_entry(saturate, want):
+    """Cast bfloat16 [+nan, -nan] into e4m3fn: onnxruntime drops the sign with saturate=0
+    only; the profile gives the same, the default keeps the sign."""
+    import ml_dtypes
+    import onnx
+
+    x = np.array([0x7FC0, 0xFFC0], np.uint16).view(ml_dtypes.bfloat16)
+    got = qemu_q.cast(x, "float8e4m3fn", saturate=saturate, opset=21,
+                      datapath=profiles.onnxruntime_cpu)
+    assert got.view(np.uint8).tolist() == want
+    assert qemu_q.cast(x, "float8e4m3fn", saturate=saturate, opset=21).view(np.uint8).tolist() \
+        == [0x7F, 0xFF]
+    tensor_type = onnx.TensorProto.FLOAT8E4M3FN
+    assert _onnxruntime_codes("Cast", [x], tensor_type, 21, to=tensor_type,
+                              saturate=saturate) == want
 
 
 def test_profiles_leave_quantize_linear_on_its_onnx_bits():

@@ -26,7 +26,7 @@ from .._rules import cast_output_type, label, saturate_applies
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
 from .._validate import ArraySpec, cached_plan, check_attribute, check_type, signature as _signature
-from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath, check_random_bits
+from ..datapath import ONNX, ROUND_CODES, Datapath, as_datapath, check_float8_encoder, check_random_bits
 
 # ONNX's STRING data type: Cast defines it, qemu_q does not implement it.
 _STRING_ID = 8
@@ -89,9 +89,11 @@ def _check_numeric(array: np.ndarray, argument: str) -> None:
 
 def datapath_reads(datapath: Datapath) -> Datapath:
     """The part of a Datapath Cast and CastLike read (docs/semantics.md, "Datapath
-    options"): rounding, nan, subnormals; scale, scale_precision, nan_to_integer,
-    accumulator and requantization describe steps Cast has not, and are ignored."""
-    return Datapath(rounding=datapath.rounding, nan=datapath.nan, subnormals=datapath.subnormals)
+    options"): rounding, nan, subnormals, float8_encoder; scale, scale_precision,
+    nan_to_integer, accumulator and requantization describe steps Cast has not, and are
+    ignored."""
+    return Datapath(rounding=datapath.rounding, nan=datapath.nan, subnormals=datapath.subnormals,
+                    float8_encoder=datapath.float8_encoder)
 
 
 def _min_normal(etype: ElementType) -> float:
@@ -100,7 +102,9 @@ def _min_normal(etype: ElementType) -> float:
     import ml_dtypes
 
     if etype.kind == "small_float" or etype.name in ("float", "float16", "bfloat16", "double"):
-        finfo = np.finfo(etype.dtype) if etype.dtype.kind == "f" and etype.name != "bfloat16" else ml_dtypes.finfo(etype.dtype)
+        # ml_dtypes' types report numpy kind "f" but only ml_dtypes.finfo knows them
+        finfo = (np.finfo(etype.dtype) if etype.name in ("float", "float16", "double")
+                 else ml_dtypes.finfo(etype.dtype))
         return float(finfo.smallest_normal)
     return 0.0
 
@@ -123,7 +127,13 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
     source_kind, source_bits, source_format = _kind(x_type)
     target_kind, target_bits, target_format = _kind(out_type)
     rules = 0
-    if out_type.kind == "small_float":
+    # float8_encoder="onnxruntime" governs the four float8 targets only (others ignore it)
+    onnxruntime_float8 = check_float8_encoder(datapath, out_type.name, where)
+    if onnxruntime_float8:
+        # onnxruntime's constructors: Cast-24's rows at every version (pyx/_cast.pyx,
+        # onnxruntime_float8_convert, adds their departures)
+        rules = SF_RULE_NAN_SIGN
+    elif out_type.kind == "small_float":
         table = cast_float8_table(opset) if opset >= 19 else None
         # nan="canonical": no signed-NaN rows, so every e4m3fn / e5m2 NaN result is 0x7F
         if table is not None and table.negative_nan_row and datapath.nan != "canonical":
@@ -134,8 +144,8 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
     path = CAST_PATH_GENERAL
     # `datapath` holds only the fields Cast reads. `nan` into a small float is the
     # encoder's rows above (its fast loop stays); anything else runs the datapath loop.
-    use_datapath = datapath != Datapath(nan=datapath.nan) or (
-        datapath.nan == "canonical" and out_type.kind != "small_float")
+    use_datapath = datapath != Datapath(nan=datapath.nan, float8_encoder=datapath.float8_encoder) or (
+        datapath.nan == "canonical" and out_type.kind != "small_float") or onnxruntime_float8
     if use_datapath:
         fast_kernels = False
     if fast_kernels and source_kind == CAST_FLOAT32:
@@ -152,6 +162,7 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
         flush_inputs=datapath.flush_inputs, flush_outputs=datapath.flush_outputs,
         canonical_nan=datapath.nan == "canonical",
         source_min_normal=_min_normal(x_type) if use_datapath else 0.0,
+        onnxruntime_float8=onnxruntime_float8,
     )
     return CastPlan(where, x_type, out_type, tuple(fields.items()))
 

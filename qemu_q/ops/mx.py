@@ -7,6 +7,8 @@ The rules are in docs/semantics.md ("MX"); the kernel in pyx/_mx.pyx.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -147,8 +149,8 @@ def _datapath_fields(datapath: Datapath, x_type: ElementType) -> dict:
     "Datapath options", MX): rounding, subnormals, scale_precision, nan. `scale` is read
     and changes nothing (X is a power of two: x / X and x * (1 / X) are the same exact
     value); nan_to_integer, accumulator and requantization describe steps MX lacks."""
-    if datapath.is_onnx:
-        return {}
+    if datapath.is_onnx or dataclasses.replace(datapath, float8_encoder="exact").is_onnx:
+        return {}  # (float8_encoder is Cast's and QuantizeLinear's: MX ignores it)
     return dict(rounding=ROUND_CODES[datapath.rounding], flush_inputs=datapath.flush_inputs,
                 flush_below=0x38800000 if x_type.name == "float16" else 0x00800000,
                 flush_outputs=datapath.flush_outputs,

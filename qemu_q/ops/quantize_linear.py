@@ -27,7 +27,9 @@ from .._rules import (
 from .._threads import in_default_fp_environment, resolve_threads
 from .._typing import Array, TypeSpec
 from ..codecs import PACKABLE_BITS, check_codes, is_family, zero_codes_as_values
-from ..datapath import NANS_TO_INTEGER, ONNX, ROUND_CODES, Datapath, as_datapath, check_random_bits
+from ..datapath import (
+    NANS_TO_INTEGER, ONNX, ROUND_CODES, Datapath, as_datapath, check_float8_encoder, check_random_bits,
+)
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
 )
@@ -106,8 +108,12 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     # A datapath other than ONNX's (its `nan` aside, which the codes below carry, and the
     # integer ops' accumulator and requantization, which QuantizeLinear has not) runs on
     # the general scalar path, with its options in the config: the ONNX paths stay as they are.
+    # float8_encoder="onnxruntime" governs the four float8 outputs only (others ignore
+    # it); there it runs on the scalar datapath path (datapath_one), never the float32 loops.
+    onnxruntime_float8 = not family and check_float8_encoder(datapath, out_type.name, where)
     use_datapath = datapath != Datapath(nan=datapath.nan, accumulator=datapath.accumulator,
-                                        requantization=datapath.requantization)
+                                        requantization=datapath.requantization,
+                                        float8_encoder=datapath.float8_encoder) or onnxruntime_float8
     if datapath.nan == "canonical":
         nan = "canonical"
     float64_quotient = False
@@ -136,12 +142,17 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                     and (datapath.scale == "reciprocal" or precision_format == FMT_FLOAT32)
                     # the float32 loops encode the ONNX small floats only (their
                     # small_float_format constants); family integers are lo/hi/mask there
-                    and not (family and not integer))
+                    and not (family and not integer)
+                    and not onnxruntime_float8)
     small_float_rules = 0
     if family:
         # The family follows the newest Cast table: a NaN keeps its sign (docs/semantics.md,
         # "Codec family").
         small_float_rules = SF_RULE_NAN_SIGN if nan == "spec" else 0
+    elif onnxruntime_float8:
+        # onnxruntime's constructors: Cast-24's rows (a NaN keeps its sign, FNUZ +-inf
+        # saturates) at every version; encode_float8_onnxruntime adds its departures.
+        small_float_rules = SF_RULE_NAN_SIGN
     elif out_type.kind == "small_float" and opset >= 19:
         # float8 arrives at 19 with the Cast tables; float4/float6 later, with none.
         table = cast_float8_table(opset)
@@ -170,6 +181,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         x_min_normal=_MIN_NORMAL.get(x_type.name, 0.0) if use_datapath else 0.0,
         scale_min_normal=_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
         f32_operands=f32_operands and use_datapath, datapath_f32=datapath_f32,
+        onnxruntime_float8=onnxruntime_float8,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 
