@@ -30,6 +30,7 @@ from _codecs cimport (
     datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
     datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
     datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
+    select_i64, flush_subnormal_f64, double_to_float_odd_staged,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -172,6 +173,9 @@ cdef struct QuantizePlan:
     # vectorized float32 loops (run_datapath_f32) instead of datapath_one.
     bint datapath_f32
     DatapathF32 dp32
+    # The other datapaths the float32 loops serve through a staging loop (run_datapath_wide,
+    # _datapath_loops_f64.pxi): WIDE_X, WIDE_HALF, WIDE_F64; 0 (WIDE_NONE): datapath_one.
+    int datapath_wide
 
 
 cdef inline double load_double(x_storage_t v, int x_format) noexcept nogil:
@@ -309,6 +313,10 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
 # run_datapath_f32 and its loops, one per rounding mode, scale mode and parameter layout,
 # generated from _datapath_loops.pxi.tp by setup.py.
 include "_datapath_loops.pxi"
+# run_datapath_wide: float16/bfloat16 x, their own division precision and float64
+# quotients, staged piece by piece into a float32 buffer for the loops above
+# (_datapath_loops_f64.pxi.tp).
+include "_datapath_loops_f64.pxi"
 
 
 cdef inline void run_f32_integer_constant(const float* x, code_storage_t* y, Py_ssize_t n,
@@ -372,6 +380,10 @@ cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t
                 run_datapath_f32(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
                                  p.random_bits + first if p.random_bits != NULL else NULL, p)
                 return
+        if p.datapath_wide != WIDE_NONE:
+            run_datapath_wide(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
+                              p.random_bits + first if p.random_bits != NULL else NULL, p)
+            return
         run_datapath(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
                      p.random_bits + first if p.random_bits != NULL else NULL, p)
         return
@@ -601,6 +613,27 @@ cdef void set_datapath_f32(DatapathF32* d, const QuantizePlan* p, int small_floa
     d.flush_outputs = p.flush_outputs
 
 
+cdef int check_datapath_wide(int wide, const QuantizePlan* p, int small_float_id) except -1:
+    # What each staging loop computes, and what the float32 loops after it encode (integer
+    # codes, the ONNX small floats): see run_datapath_wide.
+    cdef bint half_x = p.x_format in (FMT_FLOAT16, FMT_BFLOAT16)
+    if wide == WIDE_NONE:
+        return 0
+    if wide not in (WIDE_X, WIDE_HALF, WIDE_F64):
+        raise ValueError(f"datapath_wide {wide} is not a staging loop")
+    if not p.datapath or p.datapath_f32 or (p.code_kind != CODE_INTEGER and small_float_id >= SF_COUNT):
+        raise ValueError("datapath_wide needs a datapath off the float32 loops, into integers or an ONNX small float")
+    if wide == WIDE_X and not (half_x and p.f32_operands and not p.float64_quotient
+                               and (p.reciprocal or p.precision == FMT_FLOAT32)):
+        raise ValueError("datapath_wide WIDE_X needs float16/bfloat16 x and a float32 quotient")
+    if wide == WIDE_HALF and not (half_x and p.precision == p.x_format and not p.reciprocal
+                                  and not p.float64_quotient):
+        raise ValueError("datapath_wide WIDE_HALF needs x divided in its own float16/bfloat16 precision")
+    if wide == WIDE_F64 and not (p.float64_quotient and p.rounding != DP_STOCHASTIC):
+        raise ValueError("datapath_wide WIDE_F64 needs a float64 quotient and a rounding other than stochastic")
+    return 0
+
+
 cdef class QuantizeConfig:
     """How a QuantizeLinear plan computes: built once per plan (qemu_q/ops/quantize_linear.py),
     checked here, then passed to every call of the plan with its arrays. Keyword
@@ -625,7 +658,7 @@ cdef class QuantizeConfig:
                  int rounding=DP_HALF_EVEN, bint reciprocal=False, bint float64_quotient=False,
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
                  double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False,
-                 bint datapath_f32=False):
+                 bint datapath_f32=False, int datapath_wide=WIDE_NONE):
         cdef int clamp
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
@@ -707,6 +740,8 @@ cdef class QuantizeConfig:
                                  and (reciprocal or precision == FMT_FLOAT32)):
             raise ValueError("datapath_f32 needs a datapath with float32 x and scale and a float32 quotient")
         self.plan.datapath_f32 = datapath_f32
+        check_datapath_wide(datapath_wide, &self.plan, small_float_id)
+        self.plan.datapath_wide = datapath_wide
         set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
     @property
