@@ -1022,3 +1022,39 @@ cdef inline int32_t datapath_round_f32_stochastic(float q, uint32_t random_word)
     cdef float a = fabsf(q)
     cdef float whole = <float><int32_t>a
     return <int32_t>copysign_f32(whole + one_if(stochastic_carry_f32(a - whole, random_word)), q)
+
+
+# Double helpers of the staged datapath loops (_quantize.pyx, run_datapath_wide),
+# branch-free so that those loops vectorize (AVX2 has 64-bit add, and, compare).
+cdef inline int64_t select_i64(bint condition, int64_t if_true, int64_t if_false) noexcept nogil:
+    cdef int64_t m = -(<int64_t>condition)
+    return (if_true & m) | (if_false & ~m)
+
+
+cdef inline double flush_subnormal_f64(double v, double min_normal) noexcept nogil:
+    # v with |v| < min_normal replaced by a zero of its sign (min_normal 0: v unchanged;
+    # NaN compares false and stays). The double form of flush_subnormal_f32.
+    cdef int64_t b = <int64_t>double_bits(v)
+    return bits_double(<uint64_t>select_i64(fabs(v) < min_normal,
+                                            b & <int64_t>(<uint64_t>1 << 63), b))
+
+
+cdef inline float double_to_float_odd_staged(double q) noexcept nogil:
+    # q rounded to odd at float32's 24 bits (Boldo and Melquiond, as double_to_float_odd):
+    # the 29 double bits below float32's last place are cleared, which truncates the
+    # magnitude, and the last kept bit is set when any of them was set. A finite |q| is
+    # first clamped into [2**-100, 2**100]: every quantizer output rounds a value there as
+    # it rounds the values beyond (an integer or small-float code saturates or overflows
+    # above 2**20; below 2**-40 a nonzero value is less than a quarter of every ulp, so each
+    # mode rounds it by its sign alone), and inside it the result is a float32 normal, so
+    # the final conversion is exact. inf and the (quiet) NaNs of the arithmetic pass.
+    cdef int64_t b = <int64_t>double_bits(q)
+    cdef int64_t sign = b & <int64_t>(<uint64_t>1 << 63)
+    cdef int64_t a = b & <int64_t>0x7FFFFFFFFFFFFFFF
+    cdef int64_t low
+    a = select_i64((a > <int64_t>0x4630000000000000) & (a < <int64_t>0x7FF0000000000000),
+                   <int64_t>0x4630000000000000, a)   # 2**100
+    a = select_i64((a < <int64_t>0x39B0000000000000) & (a != 0), <int64_t>0x39B0000000000000, a)  # 2**-100
+    low = a & <int64_t>0x1FFFFFFF
+    a = (a - low) | select_i64(low != 0, <int64_t>0x20000000, 0)
+    return <float>bits_double(<uint64_t>(sign | a))

@@ -31,6 +31,7 @@ from _codecs cimport (
     datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
     datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
     datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
+    select_i64, flush_subnormal_f64, double_to_float_odd_staged,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -178,6 +179,9 @@ cdef struct QuantizePlan:
     # vectorized float32 loops (run_datapath_f32) instead of datapath_one.
     bint datapath_f32
     DatapathF32 dp32
+    # The other datapaths the float32 loops serve through a staging loop (run_datapath_wide,
+    # _datapath_loops_f64.pxi): WIDE_X, WIDE_HALF, WIDE_F64; 0 (WIDE_NONE): datapath_one.
+    int datapath_wide
 
 
 cdef inline double load_double(x_storage_t v, int x_format) noexcept nogil:
@@ -319,6 +323,10 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
 # run_datapath_f32 and its loops, one per rounding mode, scale mode and parameter layout,
 # generated from _datapath_loops.pxi.tp by setup.py.
 include "_datapath_loops.pxi"
+# run_datapath_wide: float16/bfloat16 x, their own division precision and float64
+# quotients, staged piece by piece into a float32 buffer for the loops above
+# (_datapath_loops_f64.pxi.tp).
+include "_datapath_loops_f64.pxi"
 
 
 cdef inline void run_f32_integer_constant(const float* x, code_storage_t* y, Py_ssize_t n,
@@ -382,6 +390,10 @@ cdef inline void run_segment(const x_storage_t* x, code_storage_t* y, Py_ssize_t
                 run_datapath_f32(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
                                  p.random_bits + first if p.random_bits != NULL else NULL, p)
                 return
+        if p.datapath_wide != WIDE_NONE:
+            run_datapath_wide(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
+                              p.random_bits + first if p.random_bits != NULL else NULL, p)
+            return
         run_datapath(x, y, n, p.scale + param_index, p.zero_point + param_index, params_vary,
                      p.random_bits + first if p.random_bits != NULL else NULL, p)
         return
@@ -611,6 +623,27 @@ cdef void set_datapath_f32(DatapathF32* d, const QuantizePlan* p, int small_floa
     d.flush_outputs = p.flush_outputs
 
 
+cdef int check_datapath_wide(int wide, const QuantizePlan* p, int small_float_id) except -1:
+    # What each staging loop computes, and what the float32 loops after it encode (integer
+    # codes, the ONNX small floats): see run_datapath_wide.
+    cdef bint half_x = p.x_format in (FMT_FLOAT16, FMT_BFLOAT16)
+    if wide == WIDE_NONE:
+        return 0
+    if wide not in (WIDE_X, WIDE_HALF, WIDE_F64):
+        raise ValueError(f"datapath_wide {wide} is not a staging loop")
+    if not p.datapath or p.datapath_f32 or (p.code_kind != CODE_INTEGER and small_float_id >= SF_COUNT):
+        raise ValueError("datapath_wide needs a datapath off the float32 loops, into integers or an ONNX small float")
+    if wide == WIDE_X and not (half_x and p.f32_operands and not p.float64_quotient
+                               and (p.reciprocal or p.precision == FMT_FLOAT32)):
+        raise ValueError("datapath_wide WIDE_X needs float16/bfloat16 x and a float32 quotient")
+    if wide == WIDE_HALF and not (half_x and p.precision == p.x_format and not p.reciprocal
+                                  and not p.float64_quotient):
+        raise ValueError("datapath_wide WIDE_HALF needs x divided in its own float16/bfloat16 precision")
+    if wide == WIDE_F64 and not (p.float64_quotient and p.rounding != DP_STOCHASTIC):
+        raise ValueError("datapath_wide WIDE_F64 needs a float64 quotient and a rounding other than stochastic")
+    return 0
+
+
 cdef class QuantizeConfig:
     """How a QuantizeLinear plan computes: built once per plan (qemu_q/ops/quantize_linear.py),
     checked here, then passed to every call of the plan with its arrays. Keyword
@@ -635,7 +668,8 @@ cdef class QuantizeConfig:
                  int rounding=DP_HALF_EVEN, bint reciprocal=False, bint float64_quotient=False,
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
                  double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False,
-                 bint datapath_f32=False, bint onnxruntime_float8=False):
+                 bint datapath_f32=False, bint onnxruntime_float8=False,
+                 int datapath_wide=WIDE_NONE):
         cdef int clamp
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
@@ -720,7 +754,8 @@ cdef class QuantizeConfig:
         # encode_float8_onnxruntime relies on the Cast-24 rows in the encoder and rounds
         # half to even itself, without a flush of its results.
         if onnxruntime_float8 and not (
-                datapath and not datapath_f32 and code_kind == CODE_SMALL_FLOAT
+                datapath and not datapath_f32 and datapath_wide == WIDE_NONE
+                and code_kind == CODE_SMALL_FLOAT
                 and small_float_id in (SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ)
                 and small_float_rules == SF_RULE_NAN_SIGN and rounding == DP_HALF_EVEN
                 and not flush_outputs):
@@ -730,6 +765,8 @@ cdef class QuantizeConfig:
         self.plan.onnxruntime_float8 = onnxruntime_float8
         self.plan.small_float_id = small_float_id
         self.plan.saturate = saturate
+        check_datapath_wide(datapath_wide, &self.plan, small_float_id)
+        self.plan.datapath_wide = datapath_wide
         set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
     @property

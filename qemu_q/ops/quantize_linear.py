@@ -43,6 +43,9 @@ _FLOAT32_DIVISION_X = ("float", "float16", "bfloat16")
 # types have no subnormals.
 _MIN_NORMAL = {"float": 2.0 ** -126, "float16": 2.0 ** -14, "bfloat16": 2.0 ** -126}
 _FLOAT32_DIVISION_SCALES = ("float", "float16", "bfloat16", "float8e8m0")
+# QuantizeConfig's datapath_wide (pyx/_datapath_loops_f64.pxi.tp): which staging loop
+# feeds the datapath's float32 loops.
+_WIDE_NONE, _WIDE_X, _WIDE_HALF, _WIDE_F64 = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,24 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                     # small_float_format constants); family integers are lo/hi/mask there
                     and not (family and not integer)
                     and not onnxruntime_float8)
+    # The other datapaths the float32 loops serve after a staging loop (pyx/_quantize.pyx,
+    # run_datapath_wide): float16/bfloat16 x widened for a float32 quotient (WIDE_X); x and
+    # scale of one half type divided in it, as the float32 quotient rounded once more
+    # (WIDE_HALF); any x with the quotient in float64, rounded to odd at float32's width
+    # (WIDE_F64; stochastic rounding needs 32 bits of the dropped fraction that float32
+    # does not hold: datapath_one). Integer codes and the ONNX small floats only, as above.
+    datapath_wide = _WIDE_NONE
+    if (use_datapath and fast_kernels and not datapath_f32 and not (family and not integer)
+            and not onnxruntime_float8):
+        half_x = x_type.name in ("float16", "bfloat16")
+        if float64_quotient:
+            if datapath.rounding != "stochastic":
+                datapath_wide = _WIDE_F64
+        elif half_x and f32_operands and (datapath.scale == "reciprocal" or precision_format == FMT_FLOAT32):
+            datapath_wide = _WIDE_X
+        elif (half_x and datapath.scale == "divide" and scale_type is x_type
+              and precision_format == x_type.value_format):
+            datapath_wide = _WIDE_HALF
     small_float_rules = 0
     if family:
         # The family follows the newest Cast table: a NaN keeps its sign (docs/semantics.md,
@@ -182,6 +203,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         scale_min_normal=_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
         f32_operands=f32_operands and use_datapath, datapath_f32=datapath_f32,
         onnxruntime_float8=onnxruntime_float8,
+        datapath_wide=datapath_wide,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 

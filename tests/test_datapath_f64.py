@@ -1,0 +1,438 @@
+"""The datapath's staged loops (pyx/_quantize.pyx run_datapath_wide, generated from
+pyx/_datapath_loops_f64.pxi.tp): float16/bfloat16 x, their own division precision
+(QuantizeLinear-19/21 with float16/bfloat16 x and scale), and float64 quotients
+(scale_precision="float64", divide and reciprocal) for float32, float16, bfloat16 and int32
+x, staged into a float32 buffer and finished by the float32 loops.
+
+- Against the exact oracle of tests/datapath_oracle.py: float64 quotients on ties and their
+  neighbours (float32 x, and int32 x whose double quotients carry bits beyond float32's
+  24, right beside the ties of integers and of the float8 mantissas), boundaries, NaN,
+  inf, zeros, subnormals, int32 extremes.
+- Every float16 and bfloat16 code (65536 each) for several scales and every rounding
+  mode, into int8 and float8e4m3fn, the same bits as the scalar datapath_one (which
+  `FAST_KERNELS = False` keeps); one scale of each also against the oracle.
+- The double rounding the half-precision stage relies on, checked on its own: the float32
+  quotient rounded to float16/bfloat16 is the exact quotient rounded once, for every code.
+- Piece and vector tails, per-element parameters, 1-3 threads, every level.
+- The plan's datapath_wide field, and the config's refusals.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qemu_q
+from qemu_q import _dispatch, _kernels
+from qemu_q._dtypes import FMT_FLOAT16, FMT_FLOAT32
+from support import assert_same_bits, bits
+
+import datapath_oracle as oracle
+from test_datapath_fast import OUTPUTS, f32, hard_inputs, random_words
+
+ROUNDINGS = ["half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd"]
+ALL_ROUNDINGS = ROUNDINGS + ["stochastic"]
+F64 = [("divide", "float64"), ("reciprocal", "float64")]
+LEVELS = _kernels.available_levels()
+QUANTIZE_MODULE = sys.modules["qemu_q.ops.quantize_linear"]
+WIDE_NONE, WIDE_X, WIDE_HALF, WIDE_F64 = 0, 1, 2, 3
+BF16 = ml_dtypes.bfloat16
+
+
+def plan_fields(x, scale, out, datapath, opset=None, **kw):
+    from qemu_q import _coerce
+    from qemu_q._validate import signature
+
+    plan = QUANTIZE_MODULE.quantize_plan(
+        opset, signature(x), signature(scale), signature(None), kw.get("axis", 1), kw.get("block_size", 0),
+        1, 0, _coerce.output_dtype(out), "spec", _dispatch.FAST_KERNELS, datapath)
+    return dict(plan.kernel_fields)
+
+
+def reference(fn):
+    _dispatch.FAST_KERNELS = False
+    try:
+        return fn()
+    finally:
+        _dispatch.FAST_KERNELS = True
+
+
+def check(got, want, what):
+    g = bits(got).astype(np.uint32).ravel()
+    w = np.asarray(want).astype(np.uint32).ravel()
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, (f"{what}: {bad.size} of {g.size} differ; at {bad[:6].tolist()} "
+                           f"got {[hex(v) for v in g[bad[:6]]]} want {[hex(v) for v in w[bad[:6]]]}")
+
+
+def every_code(dtype) -> np.ndarray:
+    return np.arange(65536, dtype=np.uint32).astype(np.uint16).view(dtype)
+
+
+# ------------------------------------------------------------------ the plan's choice
+
+def test_the_plan_picks_the_staged_loops():
+    x32, s32 = np.ones(8, np.float32), np.float32(0.5)
+    x16, s16 = x32.astype(np.float16), np.float16(0.5)
+    xb, sb = x32.astype(BF16), BF16(0.5)
+    xi = np.ones(8, np.int32)
+    up = qemu_q.Datapath(rounding="up")
+    for x, s in ((x32, s32), (x16, s16), (xb, sb), (xi, s32)):
+        for sc in ("divide", "reciprocal"):
+            dp = qemu_q.Datapath(rounding="half_away", scale=sc, scale_precision="float64")
+            for out in ("int8", "float8e4m3fn", "uint16"):
+                fields = plan_fields(x, s, out, dp)
+                assert fields["datapath_wide"] == WIDE_F64 and not fields["datapath_f32"], (x.dtype, sc, out)
+        # stochastic needs the double's 32 dropped bits: datapath_one
+        dp = qemu_q.Datapath(rounding="stochastic", scale_precision="float64")
+        assert plan_fields(x, s, "int8", dp)["datapath_wide"] == WIDE_NONE
+    # float16/bfloat16 x with a float32 quotient: widened (any rounding, stochastic too)
+    for x, s in ((x16, s16), (xb, sb), (x16, s32), (xb, s32)):
+        for dp in (qemu_q.Datapath(rounding="stochastic", scale_precision="float32"),
+                   qemu_q.Datapath(scale="reciprocal", scale_precision="float32", subnormals="flush_both")):
+            assert plan_fields(x, s, "int8", dp)["datapath_wide"] == WIDE_X, (x.dtype, s, dp)
+    # float16 x and scale at 19/21: T1 is the division precision
+    assert plan_fields(x16, s16, "int8", up, opset=21)["datapath_wide"] == WIDE_HALF
+    assert plan_fields(xb, sb, "float8e4m3fn", up, opset=21)["datapath_wide"] == WIDE_HALF
+    assert plan_fields(x16, s16, "int8", up, opset=21)["precision"] == FMT_FLOAT16
+    # float32 x: the float32 loops themselves; the default datapath: the ONNX kernels
+    assert plan_fields(x32, s32, "int8", up)["datapath_wide"] == WIDE_NONE
+    assert plan_fields(x32, s32, "int8", up)["datapath_f32"]
+    assert plan_fields(x16, s16, "int8", qemu_q.Datapath())["datapath_wide"] == WIDE_NONE
+    # not served: int32 x with a float32 quotient (31-bit x), family minifloats
+    assert plan_fields(xi, s32, "int8", up)["datapath_wide"] == WIDE_NONE
+    e3m2 = qemu_q.minifloat_type(3, 2)
+    assert plan_fields(x32, s32, e3m2, qemu_q.Datapath(scale_precision="float64"))["datapath_wide"] == WIDE_NONE
+    _dispatch.FAST_KERNELS = False
+    try:
+        assert plan_fields(x16, s16, "int8", up, opset=21)["datapath_wide"] == WIDE_NONE
+    finally:
+        _dispatch.FAST_KERNELS = True
+
+
+def test_the_config_refuses_a_staged_loop_it_cannot_run():
+    module = _dispatch.entry_module(_dispatch.Path.QUANTIZE)
+    f64 = plan_fields(np.ones(8, np.float32), np.float32(0.5), "int8",
+                      qemu_q.Datapath(scale_precision="float64", rounding="up"))
+    module.QuantizeConfig(**f64)
+    for change in ({"datapath_wide": 7}, {"datapath_wide": WIDE_X}, {"datapath_wide": WIDE_HALF},
+                   {"float64_quotient": False}, {"datapath": False}, {"rounding": 8}):
+        with pytest.raises(ValueError, match="datapath_wide"):
+            module.QuantizeConfig(**{**f64, **change})
+    half = plan_fields(np.ones(8, np.float16), np.float16(0.5), "int8", qemu_q.Datapath(rounding="up"), opset=21)
+    module.QuantizeConfig(**half)
+    for change in ({"precision": FMT_FLOAT32}, {"reciprocal": True}):
+        with pytest.raises(ValueError, match="datapath_wide"):
+            module.QuantizeConfig(**{**half, **change})
+
+
+# ------------------------------------------------- float64 quotients against the oracle
+
+def int32_near_ties(seed=0) -> tuple[np.ndarray, float]:
+    """int32 x over the scale 2**20: quotients with 31 significant bits on, one and a few
+    units of 2**-20 beside the ties of integers and of e4m3/e5m2/e2m1 mantissa steps (where a
+    float32 quotient would have rounded onto the tie), their negatives, the extremes."""
+    rng = np.random.default_rng(seed)
+    ties = np.concatenate([np.arange(-300, 301) + 0.5, np.arange(-80, 81) / 16 + 1 / 32,
+                           np.arange(-80, 81) / 8 + 1 / 16, [464.0, 240.0, 57344.0 + 4096, 127.5, 255.5,
+                                                               32767.5, 65535.5, 7.5, 15.5, 1.5]])
+    base = np.round(ties * 2.0 ** 20).astype(np.int64)
+    x = np.concatenate([base + d for d in (-3, -1, 0, 1, 3)] + [-base - 1, -base + 1])
+    extremes = [2**31 - 1, -(2**31), -(2**31) + 1, 2**24 + 1, -(2**24) - 1, 0, 1, -1]
+    x = np.concatenate([x, extremes, rng.integers(-(2**31), 2**31, 2000)])
+    return np.clip(x, -(2**31), 2**31 - 1).astype(np.int32), 2.0 ** 20
+
+
+@pytest.mark.parametrize("scale_mode", F64, ids=lambda m: m[0])
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("out", ["int8", "uint8", "int16", "int4", "float8e4m3fn", "float8e5m2",
+                                 "float8e4m3fnuz", "float4e2m1"])
+def test_float64_quotients_against_the_oracle(out, rounding, scale_mode):
+    dp = {"rounding": rounding, "scale": scale_mode[0], "scale_precision": "float64"}
+    zero_point = {"int8": np.int8(-3), "uint8": np.uint8(100), "int16": np.int16(1000)}.get(out)
+    zp = None if zero_point is None else int(zero_point)
+    # float32 x by a scale whose quotients are inexact in float32 and in double
+    scale = np.float32(0.37)
+    x = hard_inputs(scale)
+    got = qemu_q.quantize_linear(x, scale, zero_point, output_dtype=out, datapath=qemu_q.Datapath(**dp))
+    want = oracle.quantize_array(x, float(scale), zp, OUTPUTS[out], dp, x_type="float", scale_type="float")
+    check(got, want, f"float32 x {out} {dp}")
+    # int32 x: double quotients beside the ties, closer than float32 resolves
+    xi, s = int32_near_ties()
+    got = qemu_q.quantize_linear(xi, np.float32(s), zero_point, output_dtype=out, datapath=qemu_q.Datapath(**dp))
+    want = oracle.quantize_array(xi, s, zp, OUTPUTS[out], dp, x_type="int32", scale_type="float")
+    check(got, want, f"int32 x {out} {dp}")
+
+
+@pytest.mark.parametrize("subnormals", ["flush_inputs", "flush_outputs", "flush_both"])
+@pytest.mark.parametrize("scale_mode", F64, ids=lambda m: m[0])
+@pytest.mark.parametrize("out", ["int8", "float8e4m3fn", "float8e5m2fnuz"])
+def test_float64_quotient_subnormals_against_the_oracle(subnormals, scale_mode, out):
+    # 2**-30: float32 subnormal x become quotients of the float8 subnormal range; the
+    # scale 3e-39 (itself subnormal) is flushed to zero with flush_inputs.
+    rng = np.random.default_rng(5)
+    tiny = rng.integers(1, 0x00800000, 2000, dtype=np.int64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([tiny, -tiny, f32(rng.standard_normal(1000) * 2.0 ** -36),
+                        f32([0.0, -0.0, 2.0 ** -126, -(2.0 ** -126), np.nan, np.inf, 1.0, -1.0])])
+    for rounding in ("up", "down", "half_even"):
+        dp = {"rounding": rounding, "subnormals": subnormals, "scale": scale_mode[0], "scale_precision": "float64"}
+        for scale in (np.float32(2.0 ** -30), np.float32(3e-39)):
+            if scale < 1e-38 and subnormals != "flush_outputs":
+                continue  # the oracle takes nonzero scales after flushing
+            got = qemu_q.quantize_linear(x, scale, output_dtype=out, datapath=qemu_q.Datapath(**dp))
+            want = oracle.quantize_array(x, float(scale), None, OUTPUTS[out], dp, x_type="float",
+                                         scale_type="float")
+            check(got, want, f"{out} {dp} {scale}")
+
+
+def test_float64_quotient_flushes_a_subnormal_scale():
+    x = f32([1.0, -1.0, 0.0, 3.0])
+    for sc in ("divide", "reciprocal"):
+        dp = qemu_q.Datapath(subnormals="flush_inputs", scale=sc, scale_precision="float64", nan_to_integer="zero")
+        got = qemu_q.quantize_linear(x, np.float32(2.0 ** -130), np.int8(4), datapath=dp)
+        assert got.tolist() == [127, -128, 4, 127], sc
+        assert plan_fields(x, np.float32(1), "int8", dp)["datapath_wide"] == WIDE_F64
+
+
+@pytest.mark.parametrize("rule", ["min", "zero", "max"])
+def test_float64_quotient_nan_rules(rule):
+    x = f32([np.nan, -np.nan, np.inf, -np.inf, 0.0, 2.5, -2.5])
+    dp = qemu_q.Datapath(nan_to_integer=rule, scale_precision="float64", rounding="half_away")
+    got = qemu_q.quantize_linear(x, np.float32(1), np.int8(-5), datapath=dp)
+    nan = {"min": -128, "zero": -5, "max": 127}[rule]
+    assert got.tolist() == [nan, nan, 127, -128, -5, -2, -8]
+
+
+def test_float64_quotient_beside_a_tie_is_not_rounded_onto_it():
+    # 2.5 + 2**-29 and 17/16 + 2**-29 (e4m3fn): float32 would round both onto the tie, and
+    # ties to even would go down; the double quotient is above it.
+    x = np.array([5 * 2**28 + 1, -(5 * 2**28 + 1), 5 * 2**28, 17 * 2**25 + 1, 17 * 2**25], np.int32)
+    dp = qemu_q.Datapath(scale_precision="float64")
+    got = qemu_q.quantize_linear(x[:3], np.float32(2.0 ** 29), output_dtype="int8", datapath=dp)
+    assert got.tolist() == [3, -3, 2]
+    got = qemu_q.quantize_linear(x[3:], np.float32(2.0 ** 29), output_dtype="float8e4m3fn", datapath=dp)
+    assert bits(got).tolist() == [0x39, 0x38]  # 1.125, 1.0
+    # toward_zero beside an integer from below: 3 - 2**-29 truncates to 2, not 3
+    got = qemu_q.quantize_linear(np.array([3 * 2**29 - 1], np.int32), np.float32(2.0 ** 29),
+                                 output_dtype="int8", datapath=qemu_q.Datapath(scale_precision="float64",
+                                                                               rounding="toward_zero"))
+    assert got.tolist() == [2]
+
+
+# ---------------------------------------- float16 and bfloat16 x: every code, vs datapath_one
+
+HALF_SCALES = {
+    np.float16: [0.37, 3.0, 2.0 ** -10, 1000.0, 2.0 ** -24, 65504.0],
+    BF16: [0.37, 3.0, 2.0 ** -10, 1e30, 2.0 ** -130, 2.0 ** -120],
+}
+CASES = [("opset21", {}, 21), ("float32", {"scale_precision": "float32"}, None),
+         ("reciprocal32", {"scale": "reciprocal", "scale_precision": "float32"}, None),
+         ("float64", {"scale_precision": "float64"}, None),
+         ("reciprocal64", {"scale": "reciprocal", "scale_precision": "float64"}, None)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_every_half_code_same_bits_as_the_scalar_datapath(dtype, case):
+    name, options, opset = case
+    x = every_code(dtype)
+    words = random_words(x.shape, 31)
+    expected_wide = {"opset21": WIDE_HALF, "float32": WIDE_X, "reciprocal32": WIDE_X}.get(name, WIDE_F64)
+    for scale_value, rounding, out in itertools.product(HALF_SCALES[dtype], ALL_ROUNDINGS,
+                                                        ("int8", "float8e4m3fn")):
+        scale = dtype(scale_value)
+        # half_even with the subnormals kept would be the ONNX datapath (its own kernels)
+        dp = qemu_q.Datapath(rounding=rounding, subnormals="flush_both" if rounding in ("up", "half_even") else "keep",
+                             **options)
+        w = words if rounding == "stochastic" else None
+        if not (rounding == "stochastic" and expected_wide == WIDE_F64):
+            assert plan_fields(x, scale, out, dp, opset=opset)["datapath_wide"] == expected_wide
+
+        def run():
+            return qemu_q.quantize_linear(x, scale, output_dtype=out, datapath=dp, random_bits=w, opset=opset)
+        assert_same_bits(run(), reference(run), f"{dtype.__name__} {name} {scale_value} {rounding} {out}")
+
+
+@pytest.mark.parametrize("dtype,precision", [(np.float16, "float16"), (BF16, "bfloat16")],
+                         ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("rounding", ["half_even", "to_odd"])
+def test_every_half_code_against_the_oracle(dtype, precision, rounding):
+    # QuantizeLinear-21: x and scale of one half type, the quotient in that type.
+    x = every_code(dtype)
+    scale = dtype(0.37)
+    dp = {"rounding": rounding}
+    for out in ("int8", "float8e4m3fn"):
+        got = qemu_q.quantize_linear(x, scale, output_dtype=out, datapath=qemu_q.Datapath(**dp), opset=21)
+        want = oracle.quantize_array(x, float(scale), None, OUTPUTS[out], dp, precision=precision,
+                                     x_type=precision, scale_type=precision, opset=21)
+        check(got, want, f"{precision} {rounding} {out}")
+
+
+def round_to_half_exact(q: Fraction, precision: str):
+    return oracle.round_nearest_even_to(q, precision)
+
+
+@pytest.mark.parametrize("dtype,precision", [(np.float16, "float16"), (BF16, "bfloat16")],
+                         ids=["float16", "bfloat16"])
+def test_the_float32_quotient_rounded_again_is_the_exact_quotient_rounded_once(dtype, precision):
+    # The argument of WIDE_HALF (docs/semantics.md): for x and s of one half type the float32
+    # quotient rounded to that type is the exact quotient rounded once (Figueroa: p' >= 2p + 2
+    # for division), and so is the float32 product x * r with r = round(1 / s) for float16
+    # (22 bits: exact). Checked here on its own terms, every finite nonzero x, for scales
+    # with subnormal, huge and tiny quotients; where the two could differ, the exact
+    # quotient sits near a midpoint of the half type, so only those are checked exactly.
+    x = every_code(dtype)
+    finite = np.isfinite(x.astype(np.float32)) & (x.astype(np.float32) != 0)
+    xs = x[finite]
+    total_checked = 0
+    x32 = xs.astype(np.float32)
+    for scale_value in HALF_SCALES[dtype] + [1.1, 0.0009765625 * 3]:
+        s = dtype(scale_value)
+        s32 = np.float32(s)
+        with np.errstate(over="ignore", under="ignore"):
+            twice = (x32 / s32).astype(dtype).astype(np.float64)
+            once_near = (x32.astype(np.float64) / np.float64(s32))
+        # the exact check where the float64 quotient is within 2**-8 half-type ulps of a
+        # midpoint (or is the midpoint): elsewhere neither rounding can cross it
+        q = np.abs(once_near)
+        mant = {"float16": 10, "bfloat16": 7}[precision]
+        min_exp = {"float16": -14, "bfloat16": -126}[precision]
+        with np.errstate(divide="ignore"):
+            e = np.maximum(np.floor(np.log2(q)), min_exp)
+        t = q / np.exp2(e - mant)
+        near = np.abs(t - np.floor(t) - 0.5) < 2.0 ** -8
+        checked = 0
+        for i in np.flatnonzero(near | ~np.isfinite(twice)):
+            exact = Fraction(float(x32[i])) / Fraction(float(s32))
+            want = round_to_half_exact(exact, precision)
+            got = twice[i]
+            if isinstance(want, float):
+                assert np.isinf(got) and (got > 0) == (want > 0), (float(x32[i]), scale_value)
+            else:
+                assert Fraction(float(got)) == want, (float(x32[i]), scale_value, float(got), float(want))
+            checked += 1
+        total_checked += checked
+    assert total_checked > 100
+    # the float16 reciprocal's product: 11 x 11 bits, exact in float32
+    r = np.float16(1) / np.float16(0.37)
+    prod = x32[np.abs(x32) < 60000] * np.float32(r)
+    assert np.array_equal(prod.astype(np.float64), x32[np.abs(x32) < 60000].astype(np.float64) * float(r))
+
+
+# ------------------------------------------------------------ layouts, pieces, tails
+
+def mixed_input(n, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == np.int32:
+        x = rng.integers(-(2**31), 2**31, n).astype(np.int32)
+        x[::5] = rng.integers(-3000, 3000, x[::5].size)
+        return x
+    v = rng.standard_normal(n) * np.exp(rng.uniform(-20, 12, n))
+    with np.errstate(over="ignore"):
+        x = v.astype(np.float32).astype(dtype)
+    codes = bits(x)
+    codes[::7] = rng.integers(0, 2 ** (8 * x.itemsize), codes[::7].size)
+    x[:6] = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 1e-40], np.float32)[:n].astype(dtype)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.int32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("out", ["int8", "uint16", "int4", "float8e4m3fn", "float8e5m2"])
+def test_layouts_pieces_and_tails_same_bits_as_the_scalar_datapath(dtype, out):
+    rng = np.random.default_rng(3)
+    options = [dict(rounding=r, scale=sc, scale_precision="float64", subnormals=sub, nan_to_integer=nz)
+               for r in ROUNDINGS for sc in ("divide", "reciprocal") for sub in ("keep", "flush_both")
+               for nz in (("min", "zero", "max") if not out.startswith("float") else ("min",))]
+    for n in (1, 7, 33, 511, 512, 513, 1100):
+        x = mixed_input(n, dtype, n)
+        layouts = [(np.float32(0.37), {}), (np.float32(3e-39), {})]
+        if n == 1100:
+            x = x.reshape(11, 100)
+            layouts += [(f32(rng.uniform(0.05, 3, 100)), {"axis": 1}), (f32(rng.uniform(0.05, 3, 11)), {"axis": 0}),
+                        (f32(rng.uniform(0.05, 3, (11, 100 // 8 + 1))), {"axis": 1, "block_size": 8})]
+        for dp, (scale, kw) in itertools.product(options[:: 1 if n == 1100 else 5], layouts):
+            if dtype in (np.float16, BF16):
+                scale = scale.astype(dtype)
+
+            def run():
+                return qemu_q.quantize_linear(x, scale, output_dtype=out, datapath=qemu_q.Datapath(**dp), **kw)
+            assert_same_bits(run(), reference(run), f"{np.dtype(dtype).name} n={n} {out} {dp} {kw}")
+
+
+def test_half_layouts_same_bits_as_the_scalar_datapath():
+    # WIDE_X and WIDE_HALF with per-element scales and zero points, across pieces.
+    rng = np.random.default_rng(4)
+    for dtype in (np.float16, BF16):
+        x = mixed_input(13 * 150, dtype, 9).reshape(13, 150)
+        zp = rng.integers(-20, 20, 150).astype(np.int8)
+        for rounding, (opts, opset), kw in itertools.product(
+                ALL_ROUNDINGS, (({}, 21), ({"scale_precision": "float32"}, None),
+                                ({"scale": "reciprocal", "scale_precision": "float32"}, None)),
+                ({"axis": 1}, {"axis": 0})):
+            n_scales = 150 if kw["axis"] == 1 else 13
+            scale = rng.uniform(0.05, 3, n_scales).astype(np.float32).astype(dtype)
+            zero_point = zp if kw["axis"] == 1 else zp[:13]
+            dp = qemu_q.Datapath(rounding=rounding, subnormals="flush_inputs", nan_to_integer="zero", **opts)
+            w = random_words(x.shape, 5) if rounding == "stochastic" else None
+
+            def run():
+                return qemu_q.quantize_linear(x, scale, zero_point, datapath=dp, random_bits=w, opset=opset, **kw)
+            assert_same_bits(run(), reference(run), f"{dtype} {rounding} {opts} {kw}")
+
+
+# ---------------------------------------------- threads and instruction-set levels
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.int32], ids=lambda d: np.dtype(d).name)
+def test_independent_of_threads_and_levels(dtype):
+    x = mixed_input(3 * 70001, dtype, 21).reshape(3, 70001)
+    words = random_words(x.shape, 22)
+    level = _kernels.active.level
+    cases = [(dict(rounding=r, scale_precision="float64", scale=sc), None)
+             for r in ("half_away", "to_odd", "down") for sc in ("divide", "reciprocal")]
+    if dtype in (np.float16, BF16):
+        cases += [(dict(rounding="stochastic"), 21), (dict(rounding="half_up", subnormals="flush_both"), 21),
+                  (dict(rounding="stochastic", scale_precision="float32"), None)]
+    scales = [np.array([0.3, 0.7, 1.1], np.float32), f32(np.linspace(0.1, 5, 70001))]
+    try:
+        for (dp, opset), scale, out in itertools.product(cases, scales, ("int8", "float8e4m3fn")):
+            kw = {"axis": 0 if scale.size == 3 else 1}
+            if dtype in (np.float16, BF16):
+                scale = scale.astype(dtype)
+            w = words if dp.get("rounding") == "stochastic" else None
+            first = None
+            for lv, n in itertools.product(LEVELS, (1, 2, 3)):
+                _kernels.use(lv)
+                got = qemu_q.quantize_linear(x, scale, output_dtype=out, datapath=qemu_q.Datapath(**dp),
+                                             random_bits=w, opset=opset, n_threads=n, **kw)
+                if first is None:
+                    first = got
+                    assert_same_bits(got, reference(lambda: qemu_q.quantize_linear(
+                        x, scale, output_dtype=out, datapath=qemu_q.Datapath(**dp), random_bits=w,
+                        opset=opset, **kw)), f"{dp} vs datapath_one")
+                else:
+                    assert_same_bits(got, first, f"{dp} level {lv} n_threads={n}")
+    finally:
+        _kernels.use(level)
+
+
+def test_the_levels_run_their_own_staged_loops():
+    level = _kernels.active.level
+    x = np.array([5 * 2**28 + 1, -(5 * 2**28 + 1)], np.int32)
+    fields = plan_fields(x, np.float32(2.0 ** 29), "int8", qemu_q.Datapath(scale_precision="float64"))
+    assert fields["datapath_wide"] == WIDE_F64
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            module = _dispatch.entry_module(_dispatch.Path.QUANTIZE)
+            assert lv == "baseline" or lv.replace("-", "_") in module.__name__
+            module.QuantizeConfig(**fields)
+            got = qemu_q.quantize_linear(x, np.float32(2.0 ** 29), output_dtype="int8",
+                                         datapath=qemu_q.Datapath(scale_precision="float64"))
+            assert got.tolist() == [3, -3], lv
+    finally:
+        _kernels.use(level)
