@@ -55,8 +55,7 @@ cdef struct MXVectorConstants:
     int32_t fraction_mask    # (1 << shift) - 1
     float fraction_scale     # 2**-shift
     int32_t exponent_offset  # (127 - bias) << mantissa_bits
-    int32_t flush_outputs    # 1: a subnormal element result becomes a zero
-    int32_t min_normal_code  # 1 << mantissa_bits
+    int32_t min_normal_code  # flush_outputs: 1 << mantissa_bits (a smaller result is a zero), else 0
     int32_t max_code
     int32_t sign_shift       # width - 1
 
@@ -429,8 +428,7 @@ cdef class MXQuantizeConfig:
         k.fraction_mask = (1 << k.shift) - 1
         k.fraction_scale = <float>(2.0 ** -k.shift)
         k.exponent_offset = p.encoder.exponent_offset
-        k.flush_outputs = flush_outputs
-        k.min_normal_code = 1 << p.mantissa_bits
+        k.min_normal_code = (1 << p.mantissa_bits) if flush_outputs else 0
         k.max_code = p.max_code
         k.sign_shift = p.encoder.sign_shift
 
