@@ -156,10 +156,11 @@ cdef inline int datapath_element(float x, double inverse, uint32_t word, const M
 
 cdef void quantize_groups_datapath(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out,
                                    Py_ssize_t out_base) noexcept nogil:
-    # quantize_groups under a non-default datapath: one column of a block at a time, every
-    # element through datapath_element (the options cost a scalar loop, never a bit). The
-    # plan is copied to a local: stores through `out` could alias w.plan, and would make
-    # the compiler reload every field per element.
+    # quantize_groups under a non-default datapath, one column of a block at a time, every
+    # element through datapath_element: the blocks along an axis other than the innermost,
+    # and the reference the vectorized loops (_mx_datapath_loops.pxi) are tested against
+    # (reference_loop). The plan is copied to a local: stores through `out` could alias
+    # w.plan, and would make the compiler reload every field per element.
     cdef MXPlan plan = w.plan
     cdef const MXPlan* p = &plan
     cdef const float* x = w.x

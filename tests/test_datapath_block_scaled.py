@@ -438,26 +438,25 @@ def test_mx_vector_loops_ties_neighbours_and_tiny_quotients(element, mode):
 
 
 def test_mx_vector_loops_stochastic_word_alignment_every_element():
-    # q = the smallest normal plus k / 16 of an ulp (k = 1..15) in a block of amax max (X = 1):
-    # the word rounds up exactly when word + floor(k / 16 * 2**32) carries.
+    # q = 1 + k / 16 of an ulp (k = 1..15) in a block of amax max (X = 1): the first 32 bits
+    # of the dropped fraction are k * 2**28, so the word rounds up exactly from
+    # 2**32 - k * 2**28 on; 1.0 is a normal of every element (MXINT8: 64 units).
     for element in MX_ELEMENTS:
-        fmt, emax, largest, bits = mo.ELEMENTS[element]
-        # 1.0 is a normal of every element (MXINT8: 64 units); its ulp is 2**-bits
-        base = Fraction(1)
+        _, _, largest, bits = mo.ELEMENTS[element]
+        one = next(c for c in range(1 << ELEMENT_BITS[element]) if mo.element_value(c, element) == 1)
         ulp = Fraction(1, 1 << bits)
         x = np.zeros((15, 32), np.float32)
         words = np.zeros(x.shape, np.uint32)
         for k in range(1, 16):
             x[k - 1, 0] = float(largest)
-            x[k - 1, 1:] = float(base + ulp * k / 16)
-            cut = (k << 28)
+            x[k - 1, 1:] = float(1 + ulp * k / 16)
+            cut = k << 28
             words[k - 1, 1:] = [(1 << 32) - cut - 1, (1 << 32) - cut] * 15 + [0]
         got = kernel_loops(x, element, {"rounding": "stochastic"}, words)
         for loop, (codes, _) in got.items():
-            down, up = codes[0, 1], codes[0, 2]
-            assert up == down + 1, (element, loop)
-            assert codes[:, 1:31:2].tolist() == [[codes[k, 1]] * 15 for k in range(15)]
-            assert all(codes[k, 2] == codes[k, 1] + 1 and codes[k, 31] == codes[k, 1] for k in range(15))
+            assert codes[:, 1:31:2].tolist() == [[one] * 15] * 15, (element, loop)
+            assert codes[:, 2:32:2].tolist() == [[one + 1] * 15] * 15, (element, loop)
+            assert codes[:, 31].tolist() == [one] * 15, (element, loop)
         assert_loops_match_oracle(x, element, {"rounding": "stochastic"}, words)
 
 
