@@ -822,6 +822,63 @@ def run_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("int8
     return 1 if missed else 0
 
 
+MX_DATAPATH_OPTIONS = [
+    (mode, dict(rounding=mode)) for mode in
+    ("half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd", "stochastic")
+] + [
+    ("flush_inputs", dict(subnormals="flush_inputs")),
+    ("flush_outputs", dict(subnormals="flush_outputs")),
+    ("flush_both", dict(subnormals="flush_both")),
+    ("up, scale_precision float32", dict(rounding="up", scale_precision="float32")),
+    ("reciprocal float32 (no bit changes)", dict(scale="reciprocal", scale_precision="float32")),
+    ("nan canonical (no bit changes)", dict(nan="canonical")),
+]
+MX_DATAPATH_ELEMENTS = ("float8e4m3fn", "float8e5m2", "float6e2m3", "float6e3m2", "float4e2m1", "int8")
+
+
+def run_mx_datapath(threads: int, repeat: int, rows: int, cols: int, elements=MX_DATAPATH_ELEMENTS,
+                    only=None) -> int:
+    """mx_quantize with each qemu_q.Datapath option it reads against the default datapath,
+    on rows x cols float32 (default 16M), blocks of 32 along the last axis, the sub-byte
+    elements packed (as the default packs them), the two timed alternately in the same run;
+    each option's time over the default's, against DATAPATH_TARGET. Returns 1 when an
+    option misses the target."""
+    rng = np.random.default_rng(SEED)
+    x = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+    words = rng.integers(0, 2**32, x.shape, dtype=np.uint64).astype(np.uint32)
+    print(f"{rows}x{cols} float32 ({x.size} elements), blocks of 32, best of {repeat} rounds, "
+          f"{threads} threads, kernels {_kernels.active.level}")
+    print(f"{'element':<13} {'option':<38} {'default':>9} {'option':>9} {'ratio':>6}")
+    missed = []
+    for element in elements:
+        packed = qemu_q.MX_ELEMENTS[element].bits < 8
+        codes, scales = qemu_q.mx_quantize(x[:1, :32], element, packed=packed)
+        out = (np.empty((x.size * qemu_q.MX_ELEMENTS[element].bits + 7) // 8, np.uint8) if packed
+               else np.empty(x.shape, codes.dtype), np.empty((rows, cols // 32), scales.dtype))
+
+        def default(element=element, packed=packed, out=out):
+            return qemu_q.mx_quantize(x, element, packed=packed, out=out, n_threads=threads)
+        for name, options in MX_DATAPATH_OPTIONS:
+            if only and name not in only:
+                continue
+            dp = qemu_q.Datapath(**options)
+            bits_in = words if dp.rounding == "stochastic" else None
+
+            def option(dp=dp, bits_in=bits_in, element=element, packed=packed, out=out):
+                return qemu_q.mx_quantize(x, element, packed=packed, out=out, n_threads=threads,
+                                          datapath=dp, random_bits=bits_in)
+            times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
+            ratio = times["option"] / times["default"]
+            mark = "" if ratio <= DATAPATH_TARGET else "  MISSED"
+            if ratio > DATAPATH_TARGET:
+                missed.append((element, name))
+            print(f"{element:<13} {name:<38} {times['default'] * 1e3:>7.2f}ms "
+                  f"{times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}", flush=True)
+    if missed:
+        print(f"over {DATAPATH_TARGET}x: {missed}")
+    return 1 if missed else 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", help="comma-separated case names (default: all; see --list)")
@@ -860,11 +917,21 @@ def main(argv=None):
                         "'blocked 32' (default per-tensor)")
     p.add_argument("--datapath-options", help="with --datapath: comma-separated option names "
                                               "(default: all of DATAPATH_OPTIONS)")
+    p.add_argument("--mx-datapath", action="store_true",
+                   help="only mx_quantize's qemu_q.Datapath options, each vs the default datapath "
+                        "(16M float32, blocks of 32, every element; with --datapath-options: "
+                        "names of MX_DATAPATH_OPTIONS)")
+    p.add_argument("--mx-elements", default=",".join(MX_DATAPATH_ELEMENTS),
+                   help="with --mx-datapath: comma-separated MX elements (default: all)")
     args = p.parse_args(argv)
     if args.datapath:
         return run_datapath(args.threads, args.repeat, args.rows, args.cols,
                             layouts=tuple(args.datapath_layouts.split(",")),
                             only=args.datapath_options.split(",") if args.datapath_options else None)
+    if args.mx_datapath:
+        return run_mx_datapath(args.threads, args.repeat, args.rows, args.cols,
+                               elements=tuple(args.mx_elements.split(",")),
+                               only=args.datapath_options.split(",") if args.datapath_options else None)
     if args.mx:
         return run_mx(args.threads, args.repeat, args.rows, args.cols)
     if args.requantize:

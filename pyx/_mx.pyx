@@ -16,8 +16,12 @@ from libc.stdlib cimport malloc, free
 from _tasks cimport run_tasks
 from _codecs cimport (
     SF_COUNT, SmallFloat32Encoder, small_float32_encoder, small_float_format, SmallFloatFormat,
-    float_bits, bits_float, round_biased, saturate_biased, select_i32, pow2,
-    DP_HALF_EVEN, DP_STOCHASTIC,
+    float_bits, bits_float, round_biased, saturate_biased, select_i32, select_f32, pow2,
+    DP_HALF_EVEN, DP_HALF_AWAY, DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP,
+    DP_TO_ODD, DP_STOCHASTIC,
+    datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
+    datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
+    datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
 )
 from _mx_codecs cimport (
     MXElement, MX_FLOOR, MX_CEIL, MX_EVEN, MX_RCEIL, MX_RCEIL_F32, MX_SCALE_NAN,
@@ -38,6 +42,22 @@ cdef enum:
 ELEMENT_INT8 = -1
 SCALE_RULES = {"floor": MX_FLOOR, "ceil": MX_CEIL, "even": MX_EVEN, "rceil": MX_RCEIL,
                "rceil_f32": MX_RCEIL_F32}
+
+
+# The vectorized datapath loops' constants (_mx_datapath_loops.pxi), as int32 and float
+# so that every select is one width.
+cdef struct MXVectorConstants:
+    int32_t flush_below      # flush_inputs: x magnitudes (float32 bits) below it are zeros
+    int32_t exact            # 1: the exact quotient (a nonzero x's tiny q stays nonzero)
+    int32_t min_normal_bits  # the element's smallest normal, as float32 bits
+    float subnormal_scale    # 2**(mantissa_bits - min_exponent): one element subnormal ulp -> 1
+    int32_t shift            # 23 - mantissa_bits
+    int32_t fraction_mask    # (1 << shift) - 1
+    float fraction_scale     # 2**-shift
+    int32_t exponent_offset  # (127 - bias) << mantissa_bits
+    int32_t min_normal_code  # flush_outputs: 1 << mantissa_bits (a smaller result is a zero), else 0
+    int32_t max_code
+    int32_t sign_shift       # width - 1
 
 
 cdef struct MXPlan:
@@ -65,6 +85,10 @@ cdef struct MXPlan:
     int min_exponent
     int32_t max_code       # the element's largest finite code (OCP's clamp)
     int32_t sign_bit       # the element's sign bit
+    # 1: the datapath runs the vectorized loops of _mx_datapath_loops.pxi (innermost axis),
+    # 0: the scalar reference quantize_groups_datapath
+    bint vector
+    MXVectorConstants vector_constants
 
 
 cdef struct MXWork:
@@ -132,10 +156,11 @@ cdef inline int datapath_element(float x, double inverse, uint32_t word, const M
 
 cdef void quantize_groups_datapath(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out,
                                    Py_ssize_t out_base) noexcept nogil:
-    # quantize_groups under a non-default datapath: one column of a block at a time, every
-    # element through datapath_element (the options cost a scalar loop, never a bit). The
-    # plan is copied to a local: stores through `out` could alias w.plan, and would make
-    # the compiler reload every field per element.
+    # quantize_groups under a non-default datapath, one column of a block at a time, every
+    # element through datapath_element: the blocks along an axis other than the innermost,
+    # and the reference the vectorized loops (_mx_datapath_loops.pxi) are tested against
+    # (reference_loop). The plan is copied to a local: stores through `out` could alias
+    # w.plan, and would make the compiler reload every field per element.
     cdef MXPlan plan = w.plan
     cdef const MXPlan* p = &plan
     cdef const float* x = w.x
@@ -172,6 +197,24 @@ cdef void quantize_groups_datapath(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1
                     out[i - out_base] = <uint8_t>datapath_element(datapath_input(x[i], p), inverse, 0, p)
 
 
+cdef inline uint32_t block_amax_flushed(const float* x, Py_ssize_t n, int32_t flush_below) noexcept nogil:
+    # block_amax of x with subnormals flush_inputs: a magnitude below flush_below is 0.
+    cdef const uint32_t* bits = <const uint32_t*>x
+    cdef uint32_t m = 0
+    cdef uint32_t a
+    cdef Py_ssize_t i
+    for i in range(n):
+        a = bits[i] & 0x7FFFFFFF
+        a = <uint32_t>select_i32(<int32_t>a < flush_below, 0, <int32_t>a)
+        m = a if a > m else m
+    return m
+
+
+# The datapath's vectorized element loops, one per rounding mode and input flush, generated
+# from _mx_datapath_loops.pxi.tp by setup.py.
+include "_mx_datapath_loops.pxi"
+
+
 cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t* out, Py_ssize_t out_base) noexcept nogil:
     # Groups [g0, g1); `out` receives the one-per-byte code of flat element i at
     # out[i - out_base].
@@ -198,7 +241,10 @@ cdef void quantize_groups(const MXWork* w, Py_ssize_t g0, Py_ssize_t g1, uint8_t
     cdef Py_ssize_t n_blocks = p.n_blocks
     cdef uint8_t* scales = w.scales
     if p.datapath:
-        quantize_groups_datapath(w, g0, g1, out, out_base)
+        if p.vector:
+            quantize_groups_datapath_vector(w, g0, g1, out, out_base)
+        else:
+            quantize_groups_datapath(w, g0, g1, out, out_base)
         return
     if inner == 1:
         # Consecutive groups of the innermost axis are consecutive runs of x: one division
@@ -298,8 +344,10 @@ cdef class MXQuantizeConfig:
     def __init__(self, *, Py_ssize_t outer, Py_ssize_t axis_len, Py_ssize_t inner,
                  Py_ssize_t block_size, int element, int rule, int code_bits,
                  int rounding=DP_HALF_EVEN, bint flush_inputs=False, uint32_t flush_below=0x00800000,
-                 bint flush_outputs=False, bint quotient_f32=False, bint canonical_nan=False):
+                 bint flush_outputs=False, bint quotient_f32=False, bint canonical_nan=False,
+                 bint reference_loop=False):
         cdef SmallFloatFormat f
+        cdef MXVectorConstants* k
         if outer < 0 or axis_len < 1 or inner < 1:
             raise ValueError(f"MXQuantizeConfig: extents ({outer}, {axis_len}, {inner}) must be >= (0, 1, 1)")
         if not 1 <= block_size <= axis_len:
@@ -369,6 +417,29 @@ cdef class MXQuantizeConfig:
         p.element.emax = emax
         p.element.max_fraction = <uint32_t>((max_value / 2.0 ** emax - 1.0) * 8388608.0)
         p.element.max_reciprocal = <float>(1.0 / max_value)
+        # The innermost axis runs the vectorized datapath loops; other axes, and tests that
+        # ask for it (reference_loop), the scalar reference loop.
+        p.vector = p.datapath and inner == 1 and not reference_loop
+        k = &p.vector_constants
+        k.flush_below = <int32_t>(flush_below if flush_inputs else 0)
+        k.exact = not quotient_f32
+        k.min_normal_bits = (p.min_exponent + 127) << 23
+        k.subnormal_scale = <float>(2.0 ** (p.mantissa_bits - p.min_exponent))
+        k.shift = 23 - p.mantissa_bits
+        k.fraction_mask = (1 << k.shift) - 1
+        k.fraction_scale = <float>(2.0 ** -k.shift)
+        k.exponent_offset = p.encoder.exponent_offset
+        k.min_normal_code = (1 << p.mantissa_bits) if flush_outputs else 0
+        k.max_code = p.max_code
+        k.sign_shift = p.encoder.sign_shift
+
+    @property
+    def datapath_loop(self):
+        """The element loop this plan runs: "default" (no datapath option changes a bit),
+        "vector" (_mx_datapath_loops.pxi) or "scalar" (quantize_groups_datapath)."""
+        if not self.plan.datapath:
+            return "default"
+        return "vector" if self.plan.vector else "scalar"
 
     @property
     def n_scales(self):

@@ -342,3 +342,199 @@ def test_every_option_same_bits_on_every_level_and_thread_count():
         _kernels.use(level)
     for name, runs in results.items():
         assert all(bits == runs[0][2] for _, _, bits in runs), name
+
+
+# --- MX's vectorized datapath loops (pyx/_mx_datapath_loops.pxi.tp) ----------------------------
+# The innermost axis runs one vectorized loop per rounding mode and input flush; the scalar
+# quantize_groups_datapath stays the reference. Each case: the vector loop, the reference
+# loop (MXQuantizeConfig(reference_loop=True)) and the exact oracle above agree bit for bit.
+
+ELEMENT_BITS = {"float8e4m3fn": 8, "float8e5m2": 8, "float6e2m3": 6, "float6e3m2": 6, "float4e2m1": 4,
+                "int8": 8}
+DP_VARIANTS = ({}, {"subnormals": "flush_inputs"}, {"subnormals": "flush_outputs"},
+               {"subnormals": "flush_both", "scale_precision": "float32"}, {"scale_precision": "float32"})
+
+
+def kernel_loops(x, element, dp, words=None, block_size=32, rule="floor", n_threads=1):
+    """(codes, scales) of the vector loop and of the scalar reference loop, as uint8, each
+    from the kernel entry with the plan's fields (the reference with reference_loop=True)."""
+    from qemu_q import _dispatch
+    from qemu_q._validate import signature
+    from qemu_q.ops import mx as mx_op
+
+    plan = mx_op.mx_quantize_plan(signature(x), element, -1, block_size, rule, False, qemu_q.Datapath(**dp))
+    module = _dispatch.entry_module(_dispatch.Path.MX_QUANTIZE)
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = {}
+    for loop, reference in (("vector", False), ("scalar", True)):
+        config = module.MXQuantizeConfig(**dict(plan.kernel_fields), reference_loop=reference)
+        # half_even without a flush changes no bit: the default loop, for both
+        default = dp.get("rounding", "half_even") == "half_even" and dp.get("subnormals", "keep") == "keep"
+        assert config.datapath_loop == ("default" if default else loop), (config.datapath_loop, loop, dp)
+        codes = np.full(x.size, 0xA5, np.uint8)
+        scales = np.full(config.n_scales, 0xA5, np.uint8)
+        module.mx_quantize(flat, codes, scales, config, n_threads,
+                           None if words is None else np.ascontiguousarray(words, np.uint32).reshape(-1))
+        out[loop] = (codes.reshape(x.shape), scales)
+    return out
+
+
+def tie_blocks(element: str, n_blocks: int, seed: int) -> np.ndarray:
+    """Blocks of 32 float32 whose first element fixes the scale (the element's max times
+    2**E: X = 2**E under "floor") and whose others are, divided by X, the element's values,
+    the midpoints between neighbours and the float32 neighbours of both, tiny quotients
+    (float32 subnormals, values far below the smallest element subnormal), zeros of both
+    signs; E from the ends of e8m0's range to the middle, so that quotients underflow
+    float32 and float32 subnormal x appear."""
+    rng = np.random.default_rng(seed)
+    fmt, emax, largest, _ = mo.ELEMENTS[element]
+    values = sorted({abs(v) for v in (mo.element_value(c, element) for c in range(1 << ELEMENT_BITS[element]))
+                     if isinstance(v, Fraction)})
+    qs = set(values)
+    for a, b in zip(values, values[1:]):
+        mid = np.float32((a + b) / 2)
+        qs |= {Fraction(float(mid)), Fraction(float(np.nextafter(mid, np.float32(0)))),
+               Fraction(float(np.nextafter(mid, np.float32(np.inf))))}
+    smallest = values[1]
+    qs |= {smallest / 2, smallest / 3, smallest / 1024, Fraction(2) ** -60, Fraction(2) ** -130,
+           Fraction(2) ** -149}
+    qs = sorted(q for q in qs if q <= largest)
+    blocks = []
+    exponents = [-127, -126, -120, -100, -30, -3, 0, 2, 30, 100, 112, 118, 119]
+    for i in range(n_blocks):
+        e = exponents[i % len(exponents)]
+        lead = largest * Fraction(2) ** e
+        if not (Fraction(2) ** -149 <= lead < Fraction(2) ** 128):
+            e = 0
+            lead = largest
+        picks = rng.choice(len(qs), size=31)
+        block = [float(lead)] + [float(np.float32(qs[p] * Fraction(2) ** e)) * rng.choice([1.0, -1.0])
+                                 for p in picks]
+        if i % 5 == 3:
+            block[rng.integers(1, 32)] = -0.0
+        blocks.append(block)
+    return np.array(blocks, np.float32)
+
+
+def assert_loops_match_oracle(x, element, dp, words=None, block_size=32, rule="floor", n_threads=1):
+    got = kernel_loops(x, element, dp, words, block_size, rule, n_threads)
+    want_codes, want_scales = mx_oracle(x.reshape(-1, x.shape[-1]), element, block_size, rule, dp, words)
+    for loop, (codes, scales) in got.items():
+        assert scales.tolist() == want_scales.reshape(-1).tolist(), (loop, element, dp)
+        assert codes.reshape(want_codes.shape).tolist() == want_codes.tolist(), (loop, element, dp)
+
+
+@pytest.mark.parametrize("element", MX_ELEMENTS)
+@pytest.mark.parametrize("mode", MODES)
+def test_mx_vector_loops_ties_neighbours_and_tiny_quotients(element, mode):
+    x = tie_blocks(element, 26, seed=len(element) + len(mode))
+    words = None
+    if mode == "stochastic":
+        # the extremes of the words beside random ones
+        words = words_for(x.shape, 11)
+        words[:, 1:5] = np.array([0, 0xFFFFFFFF, 0x7FFFFFFF, 0x80000000], np.uint32)
+    for dp in DP_VARIANTS:
+        assert_loops_match_oracle(x, element, dict(dp, rounding=mode), words)
+
+
+def test_mx_vector_loops_stochastic_word_alignment_every_element():
+    # q = 1 + k / 16 of an ulp (k = 1..15) in a block of amax max (X = 1): the first 32 bits
+    # of the dropped fraction are k * 2**28, so the word rounds up exactly from
+    # 2**32 - k * 2**28 on; 1.0 is a normal of every element (MXINT8: 64 units).
+    for element in MX_ELEMENTS:
+        _, _, largest, bits = mo.ELEMENTS[element]
+        one = next(c for c in range(1 << ELEMENT_BITS[element]) if mo.element_value(c, element) == 1)
+        ulp = Fraction(1, 1 << bits)
+        x = np.zeros((15, 32), np.float32)
+        words = np.zeros(x.shape, np.uint32)
+        for k in range(1, 16):
+            x[k - 1, 0] = float(largest)
+            x[k - 1, 1:] = float(1 + ulp * k / 16)
+            cut = k << 28
+            words[k - 1, 1:] = [(1 << 32) - cut - 1, (1 << 32) - cut] * 15 + [0]
+        got = kernel_loops(x, element, {"rounding": "stochastic"}, words)
+        for loop, (codes, _) in got.items():
+            assert codes[:, 1:31:2].tolist() == [[one] * 15] * 15, (element, loop)
+            assert codes[:, 2:32:2].tolist() == [[one + 1] * 15] * 15, (element, loop)
+            assert codes[:, 31].tolist() == [one] * 15, (element, loop)
+        assert_loops_match_oracle(x, element, {"rounding": "stochastic"}, words)
+
+
+def test_mx_vector_loops_sample_flushes_rules_and_ragged_blocks():
+    # F16_SAMPLE (every binade, float16 subnormals) as float16 x and scaled into float32
+    # subnormals; every scale rule; blocks other than 32 (the run-time trip count) and
+    # ragged tails (axis lengths that are no multiple of the block).
+    x16 = F16_SAMPLE[:40 * 23].reshape(40, 23)
+    for x in (x16, x16.astype(np.float32) * np.float32(2.0 ** -112)):
+        for element in MX_ELEMENTS:
+            for rule, block_size in (("floor", 8), ("ceil", 23), ("even", 5), ("rceil", 16), ("rceil_f32", 7)):
+                for dp in ({"rounding": "up", "subnormals": "flush_both"}, {"rounding": "to_odd"},
+                           {"rounding": "stochastic", "subnormals": "flush_inputs", "scale_precision": "float32"}):
+                    words = words_for(x.shape, 3) if dp["rounding"] == "stochastic" else None
+                    assert_loops_match_oracle(x, element, dp, words, block_size, rule)
+
+
+def test_mx_vector_loops_against_the_reference_at_scale():
+    # 64K elements of a wide distribution (float32 bits), NaN and inf blocks, a 32-wide block
+    # with a ragged tail of 17: the vector loop and the reference loop, every element, mode
+    # and flush, 1 to 3 threads.
+    rng = np.random.default_rng(9)
+    bits = rng.integers(0, 2**32, size=(64, 1041), dtype=np.uint64).astype(np.uint32)
+    bits[:, ::3] = (bits[:, ::3] & 0x81FFFFFF) | 0x3E000000  # many blocks of moderate amax
+    x = bits.view(np.float32).copy()
+    x[~np.isfinite(x)] = 1.5
+    x[5, 40] = np.nan
+    x[9, 70] = -np.inf
+    x[11, 1030] = np.inf  # the ragged tail's block
+    words = words_for(x.shape, 4)
+    for element in MX_ELEMENTS:
+        for mode in MODES:
+            for dp in DP_VARIANTS[:4]:
+                dp = dict(dp, rounding=mode, nan="canonical" if mode == "up" else "spec")
+                w = words if mode == "stochastic" else None
+                first = None
+                for n in (1, 2, 3):
+                    got = kernel_loops(x, element, dp, w, n_threads=n)
+                    assert got["vector"][0].tobytes() == got["scalar"][0].tobytes(), (element, dp, n)
+                    assert got["vector"][1].tobytes() == got["scalar"][1].tobytes(), (element, dp, n)
+                    first = first or got["vector"][0].tobytes()
+                    assert got["vector"][0].tobytes() == first
+
+
+def test_mx_vector_loops_run_and_agree_on_every_level():
+    # The plan of the innermost axis runs the vector loops on every level the machine runs
+    # (each level's own module says so), other axes the scalar loop, half_even without a
+    # flush the default loop; the bits are the same everywhere, packed output included.
+    from qemu_q import _dispatch, _kernels
+    from qemu_q.ops import mx as mx_op
+    from qemu_q._validate import signature
+
+    x = tie_blocks("float4e2m1", 13, seed=2)
+    words = words_for(x.shape, 8)
+    level = _kernels.active.level
+    results = []
+    try:
+        for lv in _kernels.available_levels():
+            _kernels.use(lv)
+            module = _dispatch.entry_module(_dispatch.Path.MX_QUANTIZE)
+            assert lv == "baseline" or lv.replace("-", "_") in module.__name__
+            for dp, axis, loop in (({"rounding": "up"}, -1, "vector"), ({"subnormals": "flush_outputs"}, -1, "vector"),
+                                   ({"rounding": "up"}, 0, "scalar"), ({"scale_precision": "float32"}, -1, "default")):
+                plan = mx_op.mx_quantize_plan(signature(x), "float4e2m1", axis, 1 if axis == 0 else 32, "floor",
+                                              False, qemu_q.Datapath(**dp))
+                assert module.MXQuantizeConfig(**dict(plan.kernel_fields)).datapath_loop == loop, (lv, dp)
+            for n in (1, 2, 3):
+                for element in MX_ELEMENTS:
+                    got = kernel_loops(x, element, {"rounding": "stochastic", "subnormals": "flush_both"}, words,
+                                       n_threads=n)
+                    results.append((lv, n, element, got["vector"][0].tobytes(), got["scalar"][0].tobytes()))
+                packed = qemu_q.mx_quantize(x, "float4e2m1", packed=True, random_bits=words, n_threads=n,
+                                            datapath=qemu_q.Datapath(rounding="stochastic"))[0]
+                one = qemu_q.mx_quantize(x, "float4e2m1", random_bits=words, n_threads=n,
+                                         datapath=qemu_q.Datapath(rounding="stochastic"))[0]
+                assert packed.tobytes() == qemu_q.pack(one).tobytes()
+    finally:
+        _kernels.use(level)
+    for lv, n, element, vector, scalar in results:
+        assert vector == scalar, (lv, n, element)
+        assert vector == next(r[3] for r in results if r[2] == element), (lv, n, element)
