@@ -114,6 +114,15 @@ cdef enum:
 cdef enum:
     ROW_BLOCK = 64
 
+# The multiplier a_scale * b_scale / y_scale: the rule's own arithmetic, or the datapath's
+# scale / scale_precision (docs/semantics.md, "The integer ops under a datapath").
+cdef enum:
+    MULT_RULE = 0
+    MULT_F32_DIVIDE = 1
+    MULT_F32_RECIPROCAL = 2
+    MULT_F64_DIVIDE = 3
+    MULT_F64_RECIPROCAL = 4
+
 RULES = {"exact": RULE_EXACT, "float32": RULE_FLOAT32, "float64": RULE_FLOAT64}
 SCALE_FORMATS = {"float": FMT_FLOAT32, "float16": FMT_FLOAT16, "bfloat16": FMT_BFLOAT16}
 
@@ -752,16 +761,19 @@ cdef class RequantizeConfig:
     cdef readonly int32_t hi
     cdef readonly int rounding
     cdef readonly int nan_to_integer
+    cdef readonly int multiplier
 
     def __init__(self, *, str rule, str scale_format, bint float_output, int zero_point=0,
-                 int lo=0, int hi=0, int rounding=DP_HALF_EVEN, int nan_to_integer=DP_NAN_MIN):
+                 int lo=0, int hi=0, int rounding=DP_HALF_EVEN, int nan_to_integer=DP_NAN_MIN,
+                 int multiplier=MULT_RULE):
         if rule not in RULES:
             raise ValueError(f"RequantizeConfig: unknown rule {rule!r}")
         if scale_format not in SCALE_FORMATS:
             raise ValueError(f"RequantizeConfig: unknown scale format {scale_format!r}")
         if not float_output and not (lo <= zero_point <= hi):
             raise ValueError("RequantizeConfig: zero point outside [lo, hi]")
-        check_datapath_codes("RequantizeConfig", rounding, nan_to_integer)
+        check_datapath_codes("RequantizeConfig", rounding, nan_to_integer, multiplier, RULES[rule])
+        self.multiplier = multiplier
         self.rounding = rounding
         self.nan_to_integer = nan_to_integer
         self.rule = RULES[rule]
@@ -790,14 +802,37 @@ cdef struct RequantizeWork:
     bint uniform_cols        # every column scale has the same bits
     int rounding             # DatapathRounding of the rule's value to an integer
     int32_t nan_code         # the code a NaN value gives (datapath nan_to_integer)
+    int multiplier           # MULT_RULE, or the datapath's multiplier
+    const uint32_t* words    # rounding "stochastic": one word per output element, else NULL
 
 
-cdef inline void check_datapath_codes(str where, int rounding, int nan_to_integer) except *:
-    # Stochastic rounding needs a word per output that the requantization does not take.
-    if not (DP_HALF_EVEN <= rounding < DP_STOCHASTIC):
-        raise ValueError(f"{where}: rounding code {rounding}; allowed {DP_HALF_EVEN}..{DP_STOCHASTIC - 1}")
+cdef inline void check_datapath_codes(str where, int rounding, int nan_to_integer, int multiplier,
+                                      int rule) except *:
+    if not (DP_HALF_EVEN <= rounding <= DP_STOCHASTIC):
+        raise ValueError(f"{where}: rounding code {rounding}; allowed {DP_HALF_EVEN}..{DP_STOCHASTIC}")
     if not (DP_NAN_MIN <= nan_to_integer <= DP_NAN_MAX):
         raise ValueError(f"{where}: nan_to_integer code {nan_to_integer}; allowed {DP_NAN_MIN}..{DP_NAN_MAX}")
+    if not (MULT_RULE <= multiplier <= MULT_F64_RECIPROCAL):
+        raise ValueError(f"{where}: multiplier code {multiplier}; allowed {MULT_RULE}..{MULT_F64_RECIPROCAL}")
+    # the "float32" rule multiplies a float32 accumulator by a float32 multiplier
+    if rule == RULE_FLOAT32 and multiplier > MULT_F32_RECIPROCAL:
+        raise ValueError(f"{where}: the float32 rule takes a float32 multiplier, not code {multiplier}")
+
+
+cdef inline const uint32_t* random_words(int rounding, bint float_output, object random_bits,
+                                         Py_ssize_t size, str where) except? NULL:
+    # Integer outputs under "stochastic" take one word per output; float outputs are rounded
+    # by the float8 encoder (which takes the words itself), so the kernel takes none.
+    cdef const uint32_t[::1] words
+    if (rounding == DP_STOCHASTIC and not float_output) != (random_bits is not None):
+        raise ValueError(f"{where}: random_bits go with the rounding 'stochastic' of integer "
+                         "outputs, and only with it")
+    if random_bits is None:
+        return NULL
+    words = random_bits
+    if words.shape[0] != size:
+        raise ValueError(f"{where}: random_bits has {words.shape[0]} words; the output has {size}")
+    return &words[0] if size else NULL
 
 
 cdef inline int32_t nan_code_of(int nan_to_integer, int32_t zero_point, int32_t lo, int32_t hi) noexcept:
@@ -807,14 +842,43 @@ cdef inline int32_t nan_code_of(int nan_to_integer, int32_t zero_point, int32_t 
     return hi if nan_to_integer == DP_NAN_MAX else lo
 
 
-cdef inline double round_by(double v, int mode) noexcept nogil:
+cdef inline double round_by(double v, int mode, uint32_t word) noexcept nogil:
     # v rounded to an integer by the datapath mode (half_even: the FPU's default, as the
-    # ONNX rules). Non-finite v and |v| >= 2**52 (integers already) pass through.
+    # ONNX rules; stochastic: with the output's word). Non-finite v and |v| >= 2**52
+    # (integers already) pass through.
     if mode == DP_HALF_EVEN:
         return nearbyint(v)
     if not isfinite(v) or fabs(v) >= 4503599627370496.0:
         return v
-    return copysign(round_magnitude(fabs(v), v < 0.0, mode, 0), v)
+    return copysign(round_magnitude(fabs(v), v < 0.0, mode, word), v)
+
+
+cdef inline double exact_limit(int mode) noexcept nogil:
+    # Beyond it an exact value rounded to odd at 53 bits saturates whatever the mode (8-bit
+    # outputs, |zero point| <= 255). Below it the value's ulp is at most 2**-23, and for
+    # "stochastic", which truncates the fraction at 2**-32, at most 2**-35: fine enough that
+    # rounding the 53-bit odd value gives what the exact value gives.
+    return 262144.0 if mode == DP_STOCHASTIC else 1073741824.0
+
+
+cdef inline double datapath_multiplier(float sa, float sb, float sy, int mode) noexcept nogil:
+    # The datapath's multiplier, each operation one IEEE rounding in its precision:
+    # divide round_P(round_P(sa * sb) / sy), reciprocal round_P(round_P(sa * sb) *
+    # round_P(1 / sy)). float32 operands make C compute in float32 (SSE: FLT_EVAL_METHOD 0).
+    cdef float one32 = 1.0
+    cdef float p32, r32
+    cdef double p64
+    if mode == MULT_F32_DIVIDE:
+        p32 = sa * sb
+        return p32 / sy
+    if mode == MULT_F32_RECIPROCAL:
+        p32 = sa * sb
+        r32 = one32 / sy
+        return p32 * r32
+    p64 = <double>sa * <double>sb  # exact: two 24-bit significands
+    if mode == MULT_F64_DIVIDE:
+        return p64 / <double>sy
+    return p64 * (1.0 / <double>sy)
 
 
 cdef inline int32_t saturate_code(double r, const RequantizeWork* w) noexcept nogil:
@@ -830,18 +894,18 @@ cdef inline int32_t saturate_code(double r, const RequantizeWork* w) noexcept no
 
 
 cdef inline int32_t exact_code(int32_t acc, float sa, float sb, float sy,
-                               const RequantizeWork* w) noexcept nogil:
+                               const RequantizeWork* w, uint32_t word) noexcept nogil:
     cdef double p, t, v, r
     if not (isfinite(sa) and isfinite(sb) and isfinite(sy)) or sy == 0.0:
         v = (<double>acc * sa * sb) / sy
         return saturate_code(v if isnan(v) else v + w.zero_point, w)
     if w.rounding != DP_HALF_EVEN:
-        # Rounded to odd at 53 bits, below 2**30: any mode then rounds it to an integer as
-        # it would the exact value (Boldo and Melquiond).
+        # Rounded to odd at 53 bits, below exact_limit: any mode then rounds it to an
+        # integer as it would the exact value (Boldo and Melquiond).
         v = exact_value(acc, sa, sb, sy, 53)
-        if fabs(v) >= 1073741824.0:
+        if fabs(v) >= exact_limit(w.rounding):
             return w.hi if v > 0 else w.lo
-        return saturate_code(round_by(v, w.rounding) + w.zero_point, w)
+        return saturate_code(round_by(v, w.rounding, word) + w.zero_point, w)
     # A fast estimate, exact unless it lies within its error of a rounding midpoint:
     # p is exact (two 24-bit significands), t and v each add one rounding, so
     # |v - exact| <= 2**-51 |v| while nothing underflows (|t| >= 2**-960).
@@ -932,8 +996,55 @@ cdef bint requantize_row_exact(const int32_t* acc, float sa, float sb, uint8_t* 
         if fabs(fabs(v - r) - 0.5) > fabs(v) * 1.7763568394002505e-15 + 1e-300:
             codes[c] = <uint8_t>(saturate_code(r + w.zero_point, w) & 0xFF)
         else:
-            codes[c] = <uint8_t>(exact_code(acc[c], sa, sb, w.y_scale, w) & 0xFF)
+            codes[c] = <uint8_t>(exact_code(acc[c], sa, sb, w.y_scale, w, 0) & 0xFF)
     return True
+
+
+cdef void requantize_with_multiplier(const RequantizeWork* w, Py_ssize_t i, bint finite, i128 n,
+                                     int shift, double s, float sa, float sb) noexcept nogil:
+    # One output under the datapath's multiplier m (docs/semantics.md, "The integer ops
+    # under a datapath"): the value S = n * 2**-shift (finite; an int32 accumulator has
+    # shift 0) or the IEEE sum s, times m by the rule: "exact" S * m exactly, rounded once
+    # (a non-finite m: the IEEE product), "float32" fl32(fl32(S) * m), "float64"
+    # fl64(fl64(S) * m) + zp.
+    cdef double m = datapath_multiplier(sa, sb, w.y_scale, w.multiplier)
+    cdef double v, d
+    cdef float v32
+    cdef uint32_t word = w.words[i] if w.words != NULL else 0
+    if w.rule == RULE_EXACT:
+        if finite and isfinite(m):
+            v = times_wide(n, -shift, m, 53)
+            if w.float_output:
+                w.values[i] = float_to_odd(v)
+            elif fabs(v) >= exact_limit(w.rounding):
+                w.codes[i] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
+            else:
+                w.codes[i] = <uint8_t>(saturate_code(round_by(v, w.rounding, word) + w.zero_point, w) & 0xFF)
+            return
+        if finite:
+            s = round_i128(n, -shift, 53, 0)  # only its sign and zeroness matter: m is not finite
+        v = s * m
+        if w.float_output:
+            w.values[i] = <float>v
+        else:
+            w.codes[i] = <uint8_t>(saturate_code(v if isnan(v) else v + w.zero_point, w) & 0xFF)
+        return
+    if w.rule == RULE_FLOAT32:
+        if finite:
+            s = round_i128(n, -shift, 53, 1)  # to odd: the float32 conversion is then fl32(S)
+        v32 = <float>s * <float>m  # m is a float32 value (check_datapath_codes)
+        if w.float_output:
+            w.values[i] = v32
+        else:
+            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w) & 0xFF)
+        return
+    if finite:
+        s = round_i128(n, -shift, 53, 0)  # fl64(S)
+    d = s * m
+    if w.float_output:
+        w.values[i] = float_to_odd(d)
+    else:
+        w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding, word), w) & 0xFF)
 
 
 cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
@@ -942,15 +1053,18 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef int32_t acc, code
     cdef float sa, sb, m32, v32
     cdef double m64, d
+    cdef uint32_t word
     for r in range(task * ROW_BLOCK, min((task + 1) * ROW_BLOCK, w.rows)):
         sa = w.row_scale[r]
         # One multiplier for the whole row (the columns share a scale: QLinearConv's
         # x_scale, a per-tensor b_scale): the rule's per-element arithmetic without the
         # per-element division.
-        if w.uniform_cols and not w.float_output and w.rule == RULE_EXACT and w.rounding == DP_HALF_EVEN:
+        if (w.uniform_cols and not w.float_output and w.rule == RULE_EXACT and w.rounding == DP_HALF_EVEN
+                and w.multiplier == MULT_RULE):
             if requantize_row_exact(w.acc + r * w.cols, sa, w.col_scale[0], w.codes + r * w.cols, w.cols, w):
                 continue
-        if w.uniform_cols and not w.float_output and w.rule != RULE_EXACT and w.rounding == DP_HALF_EVEN:
+        if (w.uniform_cols and not w.float_output and w.rule != RULE_EXACT and w.rounding == DP_HALF_EVEN
+                and w.multiplier == MULT_RULE):
             if w.rule == RULE_FLOAT32:
                 m32 = multiplier32(sa, w.col_scale[0], w.y_scale)
                 if isfinite(m32):
@@ -965,6 +1079,10 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
             i = r * w.cols + c
             acc = w.acc[i]
             sb = w.col_scale[c]
+            word = w.words[i] if w.words != NULL else 0
+            if w.multiplier != MULT_RULE:
+                requantize_with_multiplier(w, i, True, acc, 0, 0.0, sa, sb)
+                continue
             if w.rule == RULE_EXACT:
                 if w.float_output:
                     if not (isfinite(sa) and isfinite(sb) and isfinite(w.y_scale)) or w.y_scale == 0.0:
@@ -972,14 +1090,14 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
                     else:
                         w.values[i] = float_to_odd(exact_value(acc, sa, sb, w.y_scale, 53))
                     continue
-                code = exact_code(acc, sa, sb, w.y_scale, w)
+                code = exact_code(acc, sa, sb, w.y_scale, w, word)
             elif w.rule == RULE_FLOAT32:
                 m32 = multiplier32(sa, sb, w.y_scale)
                 v32 = <float>acc * m32
                 if w.float_output:
                     w.values[i] = v32
                     continue
-                code = saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding) + w.zero_point, w)
+                code = saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w)
             else:
                 m64 = multiplier_in_format(sa, sb, w.y_scale, w.scale_format)
                 d = <double>acc * m64
@@ -987,14 +1105,16 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
                     w.values[i] = float_to_odd(d)
                     continue
                 d = d + <double>w.zero_point
-                code = saturate_code(round_by(d, w.rounding), w)
+                code = saturate_code(round_by(d, w.rounding, word), w)
             w.codes[i] = <uint8_t>(code & 0xFF)
 
 
 def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const float[::1] col_scale,
-               float y_scale, out, RequantizeConfig config, int n_threads):
+               float y_scale, out, RequantizeConfig config, int n_threads,
+               const uint32_t[::1] random_bits=None):
     """Accumulators to output codes (uint8 storage of int8/uint8 codes) or, with
-    config.float_output, to float32 values rounded to odd for the float8 encoder."""
+    config.float_output, to float32 values rounded to odd for the float8 encoder;
+    random_bits (one word per accumulator, C order) with the rounding "stochastic"."""
     cdef RequantizeWork work
     cdef Py_ssize_t i
     cdef uint8_t[:, ::1] codes
@@ -1018,6 +1138,8 @@ def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const floa
     work.uniform_cols = True
     work.rounding = config.rounding
     work.nan_code = nan_code_of(config.nan_to_integer, config.zero_point, config.lo, config.hi)
+    work.multiplier = config.multiplier
+    work.words = random_words(config.rounding, config.float_output, random_bits, acc.size, "requantize")
     for i in range(1, col_scale.shape[0]):
         if float_bits(col_scale[i]) != float_bits(col_scale[0]):
             work.uniform_cols = False
@@ -1150,10 +1272,43 @@ cdef extern from *:
         return neg ? -v : v;
     }
     """
+    /* n * 2^e * mul exactly (mul a finite double: a datapath's multiplier), rounded to odd
+       with p <= 53 bits: |n| * mantissa(mul) has at most 128 + 53 bits, held in 192. */
+    static inline double qq_times_wide(qq_i128 n, int e, double mul, int p) {
+        int neg, len, drop, sticky = 0, em, i, bit;
+        uint64_t k, q = 0;
+        qq_u128 m, lo, hi, mid;
+        qq_u192 x;
+        double v;
+        if (n == 0 || mul == 0.0) return 0.0;
+        neg = (n < 0) ^ (mul < 0.0);
+        m = n < 0 ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
+        k = (uint64_t)ldexp(frexp(fabs(mul), &em), 53);  /* |mul| = k * 2^(em - 53), exact */
+        em -= 53;
+        lo = (qq_u128)(uint64_t)m * k;
+        hi = (qq_u128)(uint64_t)(m >> 64) * k;
+        mid = (lo >> 64) + (qq_u128)(uint64_t)hi;
+        x.w[0] = (uint64_t)lo;
+        x.w[1] = (uint64_t)mid;
+        x.w[2] = (uint64_t)(hi >> 64) + (uint64_t)(mid >> 64);
+        len = qq_bitlen192(&x);
+        drop = len > p ? len - p : 0;
+        for (i = 0; i < len - drop; i++) {
+            bit = len - 1 - i;
+            q = (q << 1) | ((x.w[bit >> 6] >> (bit & 63)) & 1);
+        }
+        for (bit = 0; bit < drop; bit++)
+            if ((x.w[bit >> 6] >> (bit & 63)) & 1) { sticky = 1; break; }
+        q |= (uint64_t)sticky;
+        v = ldexp((double)q, drop + e + em);
+        return neg ? -v : v;
+    }
+    """
     ctypedef long long i128 "qq_i128"
     double round_i128 "qq_round_i128" (i128 n, int e, int p, int to_odd) noexcept nogil
     double exact_value_wide "qq_exact_value_wide" (i128 n, int e, float sa, float sb, float sy,
                                                    int p) noexcept nogil
+    double times_wide "qq_times_wide" (i128 n, int e, double mul, int p) noexcept nogil
 
 
 cdef class FloatMatmulConfig:
@@ -1168,10 +1323,11 @@ cdef class FloatMatmulConfig:
     cdef readonly int shift
     cdef readonly int rounding
     cdef readonly int nan_to_integer
+    cdef readonly int multiplier
 
     def __init__(self, *, str rule, str scale_format, bint float_output, int shift,
                  int zero_point=0, int lo=0, int hi=0, int rounding=DP_HALF_EVEN,
-                 int nan_to_integer=DP_NAN_MIN):
+                 int nan_to_integer=DP_NAN_MIN, int multiplier=MULT_RULE):
         if rule not in RULES:
             raise ValueError(f"FloatMatmulConfig: unknown rule {rule!r}")
         if scale_format not in SCALE_FORMATS:
@@ -1180,7 +1336,8 @@ cdef class FloatMatmulConfig:
             raise ValueError("FloatMatmulConfig: zero point outside [lo, hi]")
         if not 0 <= shift <= 40:
             raise ValueError(f"FloatMatmulConfig: shift={shift}; allowed 0..40")
-        check_datapath_codes("FloatMatmulConfig", rounding, nan_to_integer)
+        check_datapath_codes("FloatMatmulConfig", rounding, nan_to_integer, multiplier, RULES[rule])
+        self.multiplier = multiplier
         self.rounding = rounding
         self.nan_to_integer = nan_to_integer
         self.rule = RULES[rule]
@@ -1221,15 +1378,19 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
     cdef double v, m64, d
     cdef float m32, v32
     cdef bint scales_ok = isfinite(sa) and isfinite(sb) and isfinite(w.y_scale) and w.y_scale != 0.0
+    cdef uint32_t word = w.words[i] if w.words != NULL else 0
+    if w.multiplier != MULT_RULE:
+        requantize_with_multiplier(w, i, finite, n, shift, s, sa, sb)
+        return
     if w.rule == RULE_EXACT:
         if finite and scales_ok:
             v = exact_value_wide(n, -shift, sa, sb, w.y_scale, 53)
             if w.float_output:
                 w.values[i] = float_to_odd(v)
-            elif fabs(v) >= 1073741824.0:
+            elif fabs(v) >= exact_limit(w.rounding):
                 w.codes[i] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
             else:
-                w.codes[i] = <uint8_t>(saturate_code(round_by(v, w.rounding) + w.zero_point, w) & 0xFF)
+                w.codes[i] = <uint8_t>(saturate_code(round_by(v, w.rounding, word) + w.zero_point, w) & 0xFF)
             return
         if finite:
             s = round_i128(n, -shift, 53, 0)
@@ -1247,7 +1408,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
         if w.float_output:
             w.values[i] = v32
         else:
-            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding) + w.zero_point, w) & 0xFF)
+            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w) & 0xFF)
         return
     if finite:
         s = round_i128(n, -shift, 53, 0)  # fl64(S)
@@ -1256,7 +1417,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
     if w.float_output:
         w.values[i] = float_to_odd(d)
     else:
-        w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding), w) & 0xFF)
+        w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding, word), w) & 0xFF)
 
 
 cdef void float_matmul_task(const void* work, Py_ssize_t task) noexcept nogil:
@@ -1301,7 +1462,8 @@ def float_matmul_requantize(const int64_t[:, :, ::1] a_fixed, const int64_t[:, :
                             const uint8_t[:, ::1] row_special, const uint8_t[:, ::1] col_special,
                             const Py_ssize_t[::1] a_item, const Py_ssize_t[::1] b_item,
                             const float[::1] row_scale, const float[:, ::1] col_scale,
-                            float y_scale, out, FloatMatmulConfig config, int n_threads):
+                            float y_scale, out, FloatMatmulConfig config, int n_threads,
+                            const uint32_t[::1] random_bits=None):
     """QLinearMatMul-21 with a float8 operand: for each item t, row r, column c the exact
     sum S of a_fixed[a_item[t], r, :] * bt_fixed[b_item[t], c, :] * 2**-shift (or, where
     the row or column holds a NaN or an infinity, the IEEE sum of the values), requantized
@@ -1344,6 +1506,9 @@ def float_matmul_requantize(const int64_t[:, :, ::1] a_fixed, const int64_t[:, :
     work.rq.uniform_cols = False
     work.rq.rounding = config.rounding
     work.rq.nan_code = nan_code_of(config.nan_to_integer, config.zero_point, config.lo, config.hi)
+    work.rq.multiplier = config.multiplier
+    work.rq.words = random_words(config.rounding, config.float_output, random_bits, items * rows * cols,
+                                 "float_matmul_requantize")
     if config.float_output:
         values = out
         if values.shape[0] != items * rows or values.shape[1] != cols:
