@@ -747,6 +747,148 @@ def accumulate(const int16_t[:, :, ::1] a, const int16_t[::1] b, const Py_ssize_
         run_tasks(accumulate_task, &work, config.items * config.rows * work.col_blocks, n_threads)
 
 
+# 128-bit sums and the wide exact products of the requantization (QLinearMatMul-21 float8
+# operands, the datapath's multiplier).
+cdef extern from *:
+    """
+    typedef __int128 qq_i128;
+
+    /* |n| * 2^e (n != 0) rounded to p <= 53 significant bits, to odd or to nearest even,
+       as a double (exact: the caller's exponents stay far from the double's limits). */
+    static inline double qq_round_i128(qq_i128 n, int e, int p, int to_odd) {
+        int neg = n < 0, len, drop;
+        qq_u128 m = neg ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
+        uint64_t q;
+        double v;
+        if (m == 0) return 0.0;
+        len = qq_bitlen128(m);
+        drop = len > p ? len - p : 0;
+        q = (uint64_t)(m >> drop);
+        if (drop) {
+            qq_u128 rest = m & ((((qq_u128)1) << drop) - 1);
+            qq_u128 half = ((qq_u128)1) << (drop - 1);
+            if (to_odd) q |= (uint64_t)(rest != 0);
+            else if (rest > half || (rest == half && (q & 1))) q += 1;  /* q <= 2^53: exact */
+        }
+        v = ldexp((double)q, e + drop);
+        return neg ? -v : v;
+    }
+
+    /* A 192-bit unsigned integer, little-endian 64-bit limbs. */
+    typedef struct { uint64_t w[3]; } qq_u192;
+
+    static inline int qq_bitlen192(const qq_u192 *x) {
+        if (x->w[2]) return 128 + qq_bitlen64(x->w[2]);
+        if (x->w[1]) return 64 + qq_bitlen64(x->w[1]);
+        return qq_bitlen64(x->w[0]);
+    }
+
+    static inline void qq_shl192(qq_u192 *x, int s) {
+        while (s >= 64) { x->w[2] = x->w[1]; x->w[1] = x->w[0]; x->w[0] = 0; s -= 64; }
+        if (s) {
+            x->w[2] = (x->w[2] << s) | (x->w[1] >> (64 - s));
+            x->w[1] = (x->w[1] << s) | (x->w[0] >> (64 - s));
+            x->w[0] <<= s;
+        }
+    }
+
+    /* x / d in place (0 < d < 2^32); returns whether a remainder was left. */
+    static inline int qq_div192(qq_u192 *x, uint64_t d) {
+        qq_u128 rem = 0, cur;
+        int i;
+        for (i = 2; i >= 0; i--) {
+            cur = (rem << 64) | x->w[i];
+            x->w[i] = (uint64_t)(cur / d);
+            rem = cur % d;
+        }
+        return rem != 0;
+    }
+
+    /* n * 2^e * sa * sb / sy exactly, rounded to odd with p <= 53 bits (finite scales,
+       sy != 0, n != 0 or not): |n| * ma * mb has at most 128 + 48 bits, and is shifted
+       left until the quotient by my (< 2^24) has at least p + 1 bits. */
+    static inline double qq_exact_value_wide(qq_i128 n, int e, float sa, float sb, float sy, int p) {
+        uint64_t ma, mb, my, k;
+        int ea, eb, ey, neg, s, len, drop, sticky;
+        qq_u128 m, lo, hi, mid;
+        qq_u192 x;
+        uint64_t q;
+        double v;
+        if (n == 0 || sa == 0.0f || sb == 0.0f) return 0.0;
+        neg = (n < 0) ^ (sa < 0.0f) ^ (sb < 0.0f) ^ (sy < 0.0f);
+        m = n < 0 ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
+        qq_decode(fabsf(sa), &ma, &ea);
+        qq_decode(fabsf(sb), &mb, &eb);
+        qq_decode(fabsf(sy), &my, &ey);
+        k = ma * mb;  /* < 2^48 */
+        lo = (qq_u128)(uint64_t)m * k;
+        hi = (qq_u128)(uint64_t)(m >> 64) * k;
+        mid = (lo >> 64) + (qq_u128)(uint64_t)hi;
+        x.w[0] = (uint64_t)lo;
+        x.w[1] = (uint64_t)mid;
+        x.w[2] = (uint64_t)(hi >> 64) + (uint64_t)(mid >> 64);
+        len = qq_bitlen192(&x);
+        s = p + 2 + qq_bitlen64(my) - len;
+        if (s < 0) s = 0;
+        qq_shl192(&x, s);  /* len + s <= max(176, p + 2 + 24) < 192 */
+        sticky = qq_div192(&x, my);
+        len = qq_bitlen192(&x);  /* >= p + 1 */
+        drop = len - p;
+        q = 0;
+        {
+            /* the top p bits of x, and whether anything below them is set */
+            qq_u192 t = x;
+            int i, bit;
+            for (i = 0; i < p; i++) {
+                bit = len - 1 - i;
+                q = (q << 1) | ((t.w[bit >> 6] >> (bit & 63)) & 1);
+            }
+            for (bit = 0; bit < drop; bit++)
+                if ((t.w[bit >> 6] >> (bit & 63)) & 1) { sticky = 1; break; }
+        }
+        q |= (uint64_t)sticky;
+        v = ldexp((double)q, drop - s + e + ea + eb - ey);
+        return neg ? -v : v;
+    }
+    /* n * 2^e * mul exactly (mul a finite double: a datapath's multiplier), rounded to odd
+       with p <= 53 bits: |n| * mantissa(mul) has at most 128 + 53 bits, held in 192. */
+    static inline double qq_times_wide(qq_i128 n, int e, double mul, int p) {
+        int neg, len, drop, sticky = 0, em, i, bit;
+        uint64_t k, q = 0;
+        qq_u128 m, lo, hi, mid;
+        qq_u192 x;
+        double v;
+        if (n == 0 || mul == 0.0) return 0.0;
+        neg = (n < 0) ^ (mul < 0.0);
+        m = n < 0 ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
+        k = (uint64_t)ldexp(frexp(fabs(mul), &em), 53);  /* |mul| = k * 2^(em - 53), exact */
+        em -= 53;
+        lo = (qq_u128)(uint64_t)m * k;
+        hi = (qq_u128)(uint64_t)(m >> 64) * k;
+        mid = (lo >> 64) + (qq_u128)(uint64_t)hi;
+        x.w[0] = (uint64_t)lo;
+        x.w[1] = (uint64_t)mid;
+        x.w[2] = (uint64_t)(hi >> 64) + (uint64_t)(mid >> 64);
+        len = qq_bitlen192(&x);
+        drop = len > p ? len - p : 0;
+        for (i = 0; i < len - drop; i++) {
+            bit = len - 1 - i;
+            q = (q << 1) | ((x.w[bit >> 6] >> (bit & 63)) & 1);
+        }
+        for (bit = 0; bit < drop; bit++)
+            if ((x.w[bit >> 6] >> (bit & 63)) & 1) { sticky = 1; break; }
+        q |= (uint64_t)sticky;
+        v = ldexp((double)q, drop + e + em);
+        return neg ? -v : v;
+    }
+    """
+    ctypedef long long i128 "qq_i128"
+    double round_i128 "qq_round_i128" (i128 n, int e, int p, int to_odd) noexcept nogil
+    double exact_value_wide "qq_exact_value_wide" (i128 n, int e, float sa, float sb, float sy,
+                                                   int p) noexcept nogil
+    double times_wide "qq_times_wide" (i128 n, int e, double mul, int p) noexcept nogil
+
+
 # --- requantization ----------------------------------------------------------------------
 
 cdef class RequantizeConfig:
@@ -1170,145 +1312,6 @@ def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const floa
 # rules then read S as docs/semantics.md states: "exact" rounds S * sa * sb / sy once,
 # "float32" starts from fl32(S), "float64" from fl64(S).
 
-cdef extern from *:
-    """
-    typedef __int128 qq_i128;
-
-    /* |n| * 2^e (n != 0) rounded to p <= 53 significant bits, to odd or to nearest even,
-       as a double (exact: the caller's exponents stay far from the double's limits). */
-    static inline double qq_round_i128(qq_i128 n, int e, int p, int to_odd) {
-        int neg = n < 0, len, drop;
-        qq_u128 m = neg ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
-        uint64_t q;
-        double v;
-        if (m == 0) return 0.0;
-        len = qq_bitlen128(m);
-        drop = len > p ? len - p : 0;
-        q = (uint64_t)(m >> drop);
-        if (drop) {
-            qq_u128 rest = m & ((((qq_u128)1) << drop) - 1);
-            qq_u128 half = ((qq_u128)1) << (drop - 1);
-            if (to_odd) q |= (uint64_t)(rest != 0);
-            else if (rest > half || (rest == half && (q & 1))) q += 1;  /* q <= 2^53: exact */
-        }
-        v = ldexp((double)q, e + drop);
-        return neg ? -v : v;
-    }
-
-    /* A 192-bit unsigned integer, little-endian 64-bit limbs. */
-    typedef struct { uint64_t w[3]; } qq_u192;
-
-    static inline int qq_bitlen192(const qq_u192 *x) {
-        if (x->w[2]) return 128 + qq_bitlen64(x->w[2]);
-        if (x->w[1]) return 64 + qq_bitlen64(x->w[1]);
-        return qq_bitlen64(x->w[0]);
-    }
-
-    static inline void qq_shl192(qq_u192 *x, int s) {
-        while (s >= 64) { x->w[2] = x->w[1]; x->w[1] = x->w[0]; x->w[0] = 0; s -= 64; }
-        if (s) {
-            x->w[2] = (x->w[2] << s) | (x->w[1] >> (64 - s));
-            x->w[1] = (x->w[1] << s) | (x->w[0] >> (64 - s));
-            x->w[0] <<= s;
-        }
-    }
-
-    /* x / d in place (0 < d < 2^32); returns whether a remainder was left. */
-    static inline int qq_div192(qq_u192 *x, uint64_t d) {
-        qq_u128 rem = 0, cur;
-        int i;
-        for (i = 2; i >= 0; i--) {
-            cur = (rem << 64) | x->w[i];
-            x->w[i] = (uint64_t)(cur / d);
-            rem = cur % d;
-        }
-        return rem != 0;
-    }
-
-    /* n * 2^e * sa * sb / sy exactly, rounded to odd with p <= 53 bits (finite scales,
-       sy != 0, n != 0 or not): |n| * ma * mb has at most 128 + 48 bits, and is shifted
-       left until the quotient by my (< 2^24) has at least p + 1 bits. */
-    static inline double qq_exact_value_wide(qq_i128 n, int e, float sa, float sb, float sy, int p) {
-        uint64_t ma, mb, my, k;
-        int ea, eb, ey, neg, s, len, drop, sticky;
-        qq_u128 m, lo, hi, mid;
-        qq_u192 x;
-        uint64_t q;
-        double v;
-        if (n == 0 || sa == 0.0f || sb == 0.0f) return 0.0;
-        neg = (n < 0) ^ (sa < 0.0f) ^ (sb < 0.0f) ^ (sy < 0.0f);
-        m = n < 0 ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
-        qq_decode(fabsf(sa), &ma, &ea);
-        qq_decode(fabsf(sb), &mb, &eb);
-        qq_decode(fabsf(sy), &my, &ey);
-        k = ma * mb;  /* < 2^48 */
-        lo = (qq_u128)(uint64_t)m * k;
-        hi = (qq_u128)(uint64_t)(m >> 64) * k;
-        mid = (lo >> 64) + (qq_u128)(uint64_t)hi;
-        x.w[0] = (uint64_t)lo;
-        x.w[1] = (uint64_t)mid;
-        x.w[2] = (uint64_t)(hi >> 64) + (uint64_t)(mid >> 64);
-        len = qq_bitlen192(&x);
-        s = p + 2 + qq_bitlen64(my) - len;
-        if (s < 0) s = 0;
-        qq_shl192(&x, s);  /* len + s <= max(176, p + 2 + 24) < 192 */
-        sticky = qq_div192(&x, my);
-        len = qq_bitlen192(&x);  /* >= p + 1 */
-        drop = len - p;
-        q = 0;
-        {
-            /* the top p bits of x, and whether anything below them is set */
-            qq_u192 t = x;
-            int i, bit;
-            for (i = 0; i < p; i++) {
-                bit = len - 1 - i;
-                q = (q << 1) | ((t.w[bit >> 6] >> (bit & 63)) & 1);
-            }
-            for (bit = 0; bit < drop; bit++)
-                if ((t.w[bit >> 6] >> (bit & 63)) & 1) { sticky = 1; break; }
-        }
-        q |= (uint64_t)sticky;
-        v = ldexp((double)q, drop - s + e + ea + eb - ey);
-        return neg ? -v : v;
-    }
-    """
-    /* n * 2^e * mul exactly (mul a finite double: a datapath's multiplier), rounded to odd
-       with p <= 53 bits: |n| * mantissa(mul) has at most 128 + 53 bits, held in 192. */
-    static inline double qq_times_wide(qq_i128 n, int e, double mul, int p) {
-        int neg, len, drop, sticky = 0, em, i, bit;
-        uint64_t k, q = 0;
-        qq_u128 m, lo, hi, mid;
-        qq_u192 x;
-        double v;
-        if (n == 0 || mul == 0.0) return 0.0;
-        neg = (n < 0) ^ (mul < 0.0);
-        m = n < 0 ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
-        k = (uint64_t)ldexp(frexp(fabs(mul), &em), 53);  /* |mul| = k * 2^(em - 53), exact */
-        em -= 53;
-        lo = (qq_u128)(uint64_t)m * k;
-        hi = (qq_u128)(uint64_t)(m >> 64) * k;
-        mid = (lo >> 64) + (qq_u128)(uint64_t)hi;
-        x.w[0] = (uint64_t)lo;
-        x.w[1] = (uint64_t)mid;
-        x.w[2] = (uint64_t)(hi >> 64) + (uint64_t)(mid >> 64);
-        len = qq_bitlen192(&x);
-        drop = len > p ? len - p : 0;
-        for (i = 0; i < len - drop; i++) {
-            bit = len - 1 - i;
-            q = (q << 1) | ((x.w[bit >> 6] >> (bit & 63)) & 1);
-        }
-        for (bit = 0; bit < drop; bit++)
-            if ((x.w[bit >> 6] >> (bit & 63)) & 1) { sticky = 1; break; }
-        q |= (uint64_t)sticky;
-        v = ldexp((double)q, drop + e + em);
-        return neg ? -v : v;
-    }
-    """
-    ctypedef long long i128 "qq_i128"
-    double round_i128 "qq_round_i128" (i128 n, int e, int p, int to_odd) noexcept nogil
-    double exact_value_wide "qq_exact_value_wide" (i128 n, int e, float sa, float sb, float sy,
-                                                   int p) noexcept nogil
-    double times_wide "qq_times_wide" (i128 n, int e, double mul, int p) noexcept nogil
 
 
 cdef class FloatMatmulConfig:
