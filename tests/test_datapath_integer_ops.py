@@ -307,17 +307,25 @@ def qlinear(op: str, a: np.ndarray, sa, sb, sy, zp, b=None, **kw) -> np.ndarray:
     return y.reshape(b.shape[1], a.shape[0]).T
 
 
-# Scales whose multipliers differ by precision and by divide / reciprocal (asserted below),
-# so that the kernel's choice is visible; per-column b scales run the element loop.
-SA, SY = 0.1, 0.7
-SB = np.float32([0.3, 0.7, 1.1, 0.013, 3.0])
+# Scale sets whose multipliers differ by precision and by divide / reciprocal at exact ties
+# (asserted below), so that the kernel's choice is visible; per-column b scales run the
+# element loop. Set 1: sa * sb / sy = 15/16 exactly in column 0 (acc = 8 mod 16 are ties),
+# fl32(1 / sy) puts the float32 reciprocal's m above 15/16, fl64(1 / sy) the float64 one
+# below. Set 2: sa * sb = 1 - 2**-30 is 1 in float32, so m = 1/2 (odd acc are ties) in
+# float32 and just below in float64.
+SY1 = 1.5543136596679688
+SCALE_SETS = [(1.0, np.float32([SY1 * 15 / 16, 0.3, 1.1, 0.013, 3.0]), SY1),
+              (1.0 + 2.0 ** -15, np.float32([1.0 - 2.0 ** -15, 0.7, 0.1, 1.0, 2.5]), 2.0)]
+SA, SB, SY = 0.1, np.float32([0.3, 0.7, 1.1, 0.013, 3.0]), 0.7
 MULTIPLIERS = [("divide", "float32"), ("reciprocal", "float32"), ("divide", "float64"),
                ("reciprocal", "float64")]
 
 
 def test_the_chosen_scales_tell_the_multipliers_apart():
-    tables = {k: [[datapath_code(int(v) * int(c), SA, float(sb), SY, 3, "exact", "half_even", *k)
-                   for c, sb in zip(B_CODES[0], SB)] for v in A_CODES[:, 0]] for k in MULTIPLIERS}
+    assert float(np.float32(SY1 * 15 / 16)) == SY1 * 15 / 16  # exact: 20 significant bits
+    tables = {k: [[[datapath_code(int(v) * int(c), sa, float(sb_j), sy, 3, "exact", "half_even", *k)
+                    for c, sb_j in zip(B_CODES[0], sb)] for v in A_CODES[:, 0]] for sa, sb, sy in SCALE_SETS]
+              for k in MULTIPLIERS}
     assert len({str(t) for t in tables.values()}) == 4  # four different answers
 
 
@@ -332,13 +340,14 @@ def test_qlinear_multiplier_by_the_datapath(rule, scale, precision):
     for mode in ("half_even", "half_away", "down"):
         dp_mode = qemu_q.Datapath(scale=scale, scale_precision=precision, requantization=rule, rounding=mode)
         for op in ("matmul", "conv"):
-            for sb in (SB, np.float32(SB[0])):
-                for threads in (1, 3):
-                    y = qlinear(op, A_CODES, SA, sb, SY, 3, B_CODES, datapath=dp_mode, n_threads=threads)
-                    sbs = np.broadcast_to(sb, (5,))
-                    want = [[datapath_code(int(v) * int(c), SA, float(sbs[j]), SY, 3, rule, mode, scale, precision)
-                             for j, c in enumerate(B_CODES[0])] for v in A_CODES[:, 0]]
-                    assert y.tolist() == want, (op, mode, threads, sb.shape)
+            for sa, sb_all, sy in SCALE_SETS + [(SA, SB, SY)]:
+                for sb in (sb_all, np.float32(sb_all[0])):
+                    for threads in (1, 3):
+                        y = qlinear(op, A_CODES, sa, sb, sy, 3, B_CODES, datapath=dp_mode, n_threads=threads)
+                        sbs = np.broadcast_to(sb, (5,))
+                        want = [[datapath_code(int(v) * int(c), sa, float(sbs[j]), sy, 3, rule, mode, scale,
+                                               precision) for j, c in enumerate(B_CODES[0])] for v in A_CODES[:, 0]]
+                        assert y.tolist() == want, (op, mode, threads, sb.shape, sa, sy)
 
 
 def test_qlinear_multiplier_extremes():
