@@ -328,7 +328,11 @@ def wide_minifloat_codes(name: str):
     make, view, shift, _ = WIDE_MINIFLOATS[name]
     etype = make()
     codes = np.arange(1 << etype.bits, dtype=np.uint32)
-    values = (codes << shift).astype(np.uint16).view(view).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaN patterns among the codes
+        values = (codes << shift).astype(np.uint16).view(view).astype(np.float64)
+    # quiet NaNs with the code's sign (the NaN's payload plays no part)
+    values = np.where(np.isnan(values), np.copysign(np.nan, np.where(codes >> (etype.bits - 1), -1.0, 1.0)),
+                      values)
     return etype, codes.astype(np.uint16), values
 
 
