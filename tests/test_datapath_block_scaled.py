@@ -1,6 +1,7 @@
 """qemu_q.Datapath in mx_quantize and nvfp4_quantize (docs/semantics.md, "Datapath options",
 "Block-scaled quantization"): the element rounding (every mode, stochastic with random_bits),
-MX's subnormal flushes, quotient precision and canonical NaN, NVFP4's recipe conflicts.
+MX's subnormal flushes, quotient precision and canonical NaN, NVFP4's recipe conflicts and
+subnormal flushes.
 
 Oracles: the shared scale from tests/mx_oracle.py (the OCP text) and NVFP4's recipe steps
 from tests/nvfp4_oracle.py (the sources); the element's rounding by mode from

@@ -339,14 +339,14 @@ def test_qlinear_multiplier_by_the_datapath(rule, scale, precision):
         return
     for mode in ("half_even", "half_away", "down"):
         dp_mode = qemu_q.Datapath(scale=scale, scale_precision=precision, requantization=rule, rounding=mode)
-        for op in ("matmul", "conv"):
-            for sa, sb_all, sy in SCALE_SETS + [(SA, SB, SY)]:
-                for sb in (sb_all, np.float32(sb_all[0])):
+        for sa, sb_all, sy in SCALE_SETS + [(SA, SB, SY)]:
+            for sb in (sb_all, np.float32(sb_all[0])):
+                sbs = np.broadcast_to(sb, (5,))
+                want = [[datapath_code(int(v) * int(c), sa, float(sbs[j]), sy, 3, rule, mode, scale,
+                                       precision) for j, c in enumerate(B_CODES[0])] for v in A_CODES[:, 0]]
+                for op in ("matmul", "conv"):
                     for threads in (1, 3):
                         y = qlinear(op, A_CODES, sa, sb, sy, 3, B_CODES, datapath=dp_mode, n_threads=threads)
-                        sbs = np.broadcast_to(sb, (5,))
-                        want = [[datapath_code(int(v) * int(c), sa, float(sbs[j]), sy, 3, rule, mode, scale,
-                                               precision) for j, c in enumerate(B_CODES[0])] for v in A_CODES[:, 0]]
                         assert y.tolist() == want, (op, mode, threads, sb.shape, sa, sy)
 
 
