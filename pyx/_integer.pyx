@@ -863,6 +863,16 @@ cdef extern from *:
         m = n < 0 ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
         k = (uint64_t)ldexp(frexp(fabs(mul), &em), 53);  /* |mul| = k * 2^(em - 53), exact */
         em -= 53;
+        if ((m >> 64) == 0) {
+            /* an int32 accumulator (or a small sum): the product fits 117 bits */
+            qq_u128 prod = m * k;
+            len = qq_bitlen128(prod);
+            drop = len > p ? len - p : 0;
+            q = (uint64_t)(prod >> drop);
+            if (drop) q |= (uint64_t)((prod & ((((qq_u128)1) << drop) - 1)) != 0);
+            v = ldexp((double)q, drop + e + em);
+            return neg ? -v : v;
+        }
         lo = (qq_u128)(uint64_t)m * k;
         hi = (qq_u128)(uint64_t)(m >> 64) * k;
         mid = (lo >> 64) + (qq_u128)(uint64_t)hi;
