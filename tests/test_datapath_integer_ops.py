@@ -587,3 +587,27 @@ def test_qlinear_default_datapath_changes_no_bit():
         acc = (a.astype(np.int64) - 1) @ (b.astype(np.int64) + 2)
         assert plain.tolist() == [[datapath_code(int(v), 0.02, 0.05, 0.9, 3, rule, "half_even") for v in row]
                                   for row in acc]
+
+
+def test_qlinear_float8_sums_beyond_64_bits_take_the_exact_multiplier():
+    # float8e5m2 operands: each value an integer times 2**-16, so a sum of four products of
+    # values near 57344 is an integer times 2**-32 beyond 2**64: the exact product with the
+    # datapath's multiplier runs in 192 bits.
+    big = [57344.0, -57344.0, 49152.0, 40960.0, 61440.0 / 2, 57344.0]
+    a = np.array([[big[(i + k) % 6] for k in range(4)] for i in range(6)], ml_dtypes.float8_e5m2)
+    b = np.array([[57344.0, 49152.0], [57344.0, -57344.0], [49152.0, 40960.0], [57344.0, 57344.0]],
+                 ml_dtypes.float8_e5m2)
+    zp = np.zeros((), ml_dtypes.float8_e5m2)
+    sa, sb, sy = 2.0 ** -15, 2.0 ** -15, 3.0
+    sums = (a.astype(np.float64) @ b.astype(np.float64))
+    assert np.abs(sums).max() * 2.0 ** 32 > 2.0 ** 64
+    for scale, precision in (("divide", "float64"), ("reciprocal", "float32"), ("divide", "float32")):
+        for mode in ("half_even", "half_away", "down"):
+            y = qemu_q.qlinear_matmul(a, np.float32(sa), zp, b, np.float32(sb), zp, np.float32(sy), np.int8(-5),
+                                      opset=21, datapath=qemu_q.Datapath(scale=scale, scale_precision=precision,
+                                                                         rounding=mode))
+            m = multiplier_oracle(Fraction(sa), Fraction(sb), Fraction(sy), scale, precision)
+            want = [[min(max(round_with(sum(Fraction(float(a[i, k])) * Fraction(float(b[k, j])) for k in range(4))
+                                        * m, mode, 0) - 5, -128), 127) for j in range(2)] for i in range(6)]
+            assert y.tolist() == want, (scale, precision, mode)
+            assert len({v for row in want for v in row}) > 3  # not all saturated
