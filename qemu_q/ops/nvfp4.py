@@ -229,11 +229,12 @@ def nvfp4_quantize(x: Array, *, recipe: str = "transformer_engine", axis: int = 
     # datapath subnormals="flush_inputs"/"flush_both": x below its type's smallest normal is
     # read as a zero of its sign, by the tensor amax, the block amax and the element alike
     x_min_normal = (_X_MIN_NORMAL.get(x.dtype, 2.0 ** -126) if datapath.flush_inputs else 0.0)
+    amax: float
     if global_amax is None:
-        amax = tensor_amax(x32, recipe)
+        amax = float(tensor_amax(x32, recipe))
         # the flushed tensor's amax: the same, but where every non-NaN magnitude is subnormal
         if amax < x_min_normal:
-            amax = np.float32(0.0)
+            amax = 0.0
     else:
         amax = _global_amax(global_amax)
     plan = nvfp4_plan(recipe, x.shape, axis_, shape_)
