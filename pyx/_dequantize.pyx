@@ -267,6 +267,9 @@ cdef inline double datapath_code(dq_code_t c, const DequantizePlan* p) noexcept 
     if dq_code_t is uint8_t:
         return p.table[c]
     elif dq_code_t is uint16_t:
+        if p.small_float16:
+            # a 9- to 16-bit family minifloat: at most 15 significant bits, exact in float32
+            return decode_small_float32(c, &p.decoder)
         return <double>(<int16_t>c) if p.signed16 else <double>c
     else:
         return <double>c
@@ -512,8 +515,6 @@ cdef class DequantizeConfig:
                                   and not (code_size == 2 and small_float_id >= 0)):
             raise ValueError("float32 parameters are read by float32 outputs of 8- and 16-bit "
                              "codes, 16-bit minifloat codes and datapaths aside")
-        if datapath and code_size == 2 and small_float_id >= 0:
-            raise ValueError("a datapath does not read 16-bit minifloat codes")
         if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
             raise ValueError(f"rounding {rounding} is not a datapath rounding")
         if scale_precision not in (0, 1, 2):

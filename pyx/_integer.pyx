@@ -114,6 +114,15 @@ cdef enum:
 cdef enum:
     ROW_BLOCK = 64
 
+# The multiplier a_scale * b_scale / y_scale: the rule's own arithmetic, or the datapath's
+# scale / scale_precision (docs/semantics.md, "The integer ops under a datapath").
+cdef enum:
+    MULT_RULE = 0
+    MULT_F32_DIVIDE = 1
+    MULT_F32_RECIPROCAL = 2
+    MULT_F64_DIVIDE = 3
+    MULT_F64_RECIPROCAL = 4
+
 RULES = {"exact": RULE_EXACT, "float32": RULE_FLOAT32, "float64": RULE_FLOAT64}
 SCALE_FORMATS = {"float": FMT_FLOAT32, "float16": FMT_FLOAT16, "bfloat16": FMT_BFLOAT16}
 
@@ -738,316 +747,8 @@ def accumulate(const int16_t[:, :, ::1] a, const int16_t[::1] b, const Py_ssize_
         run_tasks(accumulate_task, &work, config.items * config.rows * work.col_blocks, n_threads)
 
 
-# --- requantization ----------------------------------------------------------------------
-
-cdef class RequantizeConfig:
-    """How accumulators become output codes: the rule, the scale type (for the "float64"
-    rule's multiplier), and either an integer output (zero point, range, code mask) or
-    float32 values for a float8 encoder (float_output)."""
-    cdef readonly int rule
-    cdef readonly int scale_format
-    cdef readonly bint float_output
-    cdef readonly int32_t zero_point
-    cdef readonly int32_t lo
-    cdef readonly int32_t hi
-    cdef readonly int rounding
-    cdef readonly int nan_to_integer
-
-    def __init__(self, *, str rule, str scale_format, bint float_output, int zero_point=0,
-                 int lo=0, int hi=0, int rounding=DP_HALF_EVEN, int nan_to_integer=DP_NAN_MIN):
-        if rule not in RULES:
-            raise ValueError(f"RequantizeConfig: unknown rule {rule!r}")
-        if scale_format not in SCALE_FORMATS:
-            raise ValueError(f"RequantizeConfig: unknown scale format {scale_format!r}")
-        if not float_output and not (lo <= zero_point <= hi):
-            raise ValueError("RequantizeConfig: zero point outside [lo, hi]")
-        check_datapath_codes("RequantizeConfig", rounding, nan_to_integer)
-        self.rounding = rounding
-        self.nan_to_integer = nan_to_integer
-        self.rule = RULES[rule]
-        self.scale_format = SCALE_FORMATS[scale_format]
-        self.float_output = float_output
-        self.zero_point = zero_point
-        self.lo = lo
-        self.hi = hi
-
-
-cdef struct RequantizeWork:
-    const int32_t* acc       # [rows, cols]
-    const float* row_scale   # [rows]
-    const float* col_scale   # [cols]
-    float y_scale
-    Py_ssize_t rows
-    Py_ssize_t cols
-    int rule
-    int scale_format
-    bint float_output
-    int32_t zero_point
-    int32_t lo
-    int32_t hi
-    uint8_t* codes           # integer output, the low byte of each code
-    float* values            # float output
-    bint uniform_cols        # every column scale has the same bits
-    int rounding             # DatapathRounding of the rule's value to an integer
-    int32_t nan_code         # the code a NaN value gives (datapath nan_to_integer)
-
-
-cdef inline void check_datapath_codes(str where, int rounding, int nan_to_integer) except *:
-    # Stochastic rounding needs a word per output that the requantization does not take.
-    if not (DP_HALF_EVEN <= rounding < DP_STOCHASTIC):
-        raise ValueError(f"{where}: rounding code {rounding}; allowed {DP_HALF_EVEN}..{DP_STOCHASTIC - 1}")
-    if not (DP_NAN_MIN <= nan_to_integer <= DP_NAN_MAX):
-        raise ValueError(f"{where}: nan_to_integer code {nan_to_integer}; allowed {DP_NAN_MIN}..{DP_NAN_MAX}")
-
-
-cdef inline int32_t nan_code_of(int nan_to_integer, int32_t zero_point, int32_t lo, int32_t hi) noexcept:
-    # "zero": round(NaN) read as 0, then the zero point added (within [lo, hi] already).
-    if nan_to_integer == DP_NAN_ZERO:
-        return zero_point
-    return hi if nan_to_integer == DP_NAN_MAX else lo
-
-
-cdef inline double round_by(double v, int mode) noexcept nogil:
-    # v rounded to an integer by the datapath mode (half_even: the FPU's default, as the
-    # ONNX rules). Non-finite v and |v| >= 2**52 (integers already) pass through.
-    if mode == DP_HALF_EVEN:
-        return nearbyint(v)
-    if not isfinite(v) or fabs(v) >= 4503599627370496.0:
-        return v
-    return copysign(round_magnitude(fabs(v), v < 0.0, mode, 0), v)
-
-
-cdef inline int32_t saturate_code(double r, const RequantizeWork* w) noexcept nogil:
-    # r: an integer value (or +-inf, NaN). NaN gives the datapath's code (ONNX: the
-    # minimum, as QuantizeLinear).
-    if isnan(r):
-        return w.nan_code
-    if r >= <double>w.hi:
-        return w.hi
-    if r <= <double>w.lo:
-        return w.lo
-    return <int32_t>r
-
-
-cdef inline int32_t exact_code(int32_t acc, float sa, float sb, float sy,
-                               const RequantizeWork* w) noexcept nogil:
-    cdef double p, t, v, r
-    if not (isfinite(sa) and isfinite(sb) and isfinite(sy)) or sy == 0.0:
-        v = (<double>acc * sa * sb) / sy
-        return saturate_code(v if isnan(v) else v + w.zero_point, w)
-    if w.rounding != DP_HALF_EVEN:
-        # Rounded to odd at 53 bits, below 2**30: any mode then rounds it to an integer as
-        # it would the exact value (Boldo and Melquiond).
-        v = exact_value(acc, sa, sb, sy, 53)
-        if fabs(v) >= 1073741824.0:
-            return w.hi if v > 0 else w.lo
-        return saturate_code(round_by(v, w.rounding) + w.zero_point, w)
-    # A fast estimate, exact unless it lies within its error of a rounding midpoint:
-    # p is exact (two 24-bit significands), t and v each add one rounding, so
-    # |v - exact| <= 2**-51 |v| while nothing underflows (|t| >= 2**-960).
-    p = <double>sa * <double>sb
-    t = <double>acc * p
-    v = t / <double>sy
-    if isfinite(v) and fabs(v) >= 1073741824.0:
-        return w.hi if v > 0 else w.lo
-    if isfinite(v) and (acc == 0 or fabs(t) >= 1.0e-289):
-        r = nearbyint(v)
-        if fabs(fabs(v - r) - 0.5) > fabs(v) * 1.7763568394002505e-15 + 1e-300:
-            return saturate_code(r + w.zero_point, w)
-    v = exact_value(acc, sa, sb, sy, 53)
-    if fabs(v) >= 1073741824.0:
-        return w.hi if v > 0 else w.lo
-    return saturate_code(nearbyint(v) + w.zero_point, w)
-
-
-cdef inline float multiplier32(float sa, float sb, float sy) noexcept nogil:
-    cdef float product = sa * sb
-    return product / sy
-
-
-cdef inline double multiplier_in_format(float sa, float sb, float sy, int fmt) noexcept nogil:
-    # numpy's a_scale * b_scale / y_scale on arrays of the scale type: each operation
-    # rounded once to it (float16/bfloat16 products are exact in double; a double quotient
-    # rounded again to 11 or 8 bits is the correctly rounded quotient, 53 >= 2p + 2).
-    cdef float product
-    if fmt == FMT_FLOAT32:
-        return multiplier32(sa, sb, sy)
-    product = round_to_value_format(<double>sa * <double>sb, 0.0, fmt)
-    return round_to_value_format(<double>product / <double>sy, 0.0, fmt)
-
-
-cdef void requantize_row_float32(const int32_t* acc, float m32, uint8_t* codes, Py_ssize_t n,
-                                 const RequantizeWork* w) noexcept nogil:
-    # The "float32" rule with one finite multiplier, branch-free so that it vectorizes.
-    # The zero point is added in float32: exact while |round(v)| < 2**24, and beyond that
-    # the sum, however rounded, stays outside [lo, hi] (a range within +-2**16), so the
-    # clamp gives what the exact sum would.
-    cdef Py_ssize_t c
-    cdef float f
-    cdef float zp = <float>w.zero_point
-    cdef float lo = <float>w.lo
-    cdef float hi = <float>w.hi
-    for c in range(n):
-        f = nearbyintf(<float>acc[c] * m32) + zp
-        f = lo if f < lo else f
-        f = hi if f > hi else f
-        codes[c] = <uint8_t>(<int32_t>f & 0xFF)
-
-
-cdef void requantize_row_float64(const int32_t* acc, double m64, uint8_t* codes, Py_ssize_t n,
-                                 const RequantizeWork* w) noexcept nogil:
-    # The "float64" rule with one finite multiplier (no NaN can arise), branch-free.
-    cdef Py_ssize_t c
-    cdef double d
-    cdef double zp = <double>w.zero_point
-    cdef double lo = <double>w.lo
-    cdef double hi = <double>w.hi
-    for c in range(n):
-        d = nearbyint(<double>acc[c] * m64 + zp)
-        d = lo if d < lo else d
-        d = hi if d > hi else d
-        codes[c] = <uint8_t>(<int32_t>d & 0xFF)
-
-
-cdef bint requantize_row_exact(const int32_t* acc, float sa, float sb, uint8_t* codes, Py_ssize_t n,
-                               const RequantizeWork* w) noexcept nogil:
-    # The "exact" rule for a row with one scale product: v = acc * q, q = fl(sa * sb / sy)
-    # (sa * sb is exact in double), is within |v| * 2**-51 of the exact value (two
-    # roundings), so wherever v lies farther than |v| * 2**-49 from a rounding midpoint the
-    # exact value rounds to the same integer; elsewhere exact_code decides. False when q
-    # is not a normal double far from the limits (the caller then goes element by element).
-    cdef double q, v, r
-    cdef Py_ssize_t c
-    if not (isfinite(sa) and isfinite(sb) and isfinite(w.y_scale)) or w.y_scale == 0.0:
-        return False
-    q = (<double>sa * <double>sb) / <double>w.y_scale
-    if not (fabs(q) >= 1e-290 and fabs(q) <= 1e290):
-        return False
-    for c in range(n):
-        v = <double>acc[c] * q
-        if fabs(v) >= 1073741824.0:
-            codes[c] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
-            continue
-        r = nearbyint(v)
-        if fabs(fabs(v - r) - 0.5) > fabs(v) * 1.7763568394002505e-15 + 1e-300:
-            codes[c] = <uint8_t>(saturate_code(r + w.zero_point, w) & 0xFF)
-        else:
-            codes[c] = <uint8_t>(exact_code(acc[c], sa, sb, w.y_scale, w) & 0xFF)
-    return True
-
-
-cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
-    cdef const RequantizeWork* w = <const RequantizeWork*>work
-    cdef Py_ssize_t r, c, i
-    cdef int32_t acc, code
-    cdef float sa, sb, m32, v32
-    cdef double m64, d
-    for r in range(task * ROW_BLOCK, min((task + 1) * ROW_BLOCK, w.rows)):
-        sa = w.row_scale[r]
-        # One multiplier for the whole row (the columns share a scale: QLinearConv's
-        # x_scale, a per-tensor b_scale): the rule's per-element arithmetic without the
-        # per-element division.
-        if w.uniform_cols and not w.float_output and w.rule == RULE_EXACT and w.rounding == DP_HALF_EVEN:
-            if requantize_row_exact(w.acc + r * w.cols, sa, w.col_scale[0], w.codes + r * w.cols, w.cols, w):
-                continue
-        if w.uniform_cols and not w.float_output and w.rule != RULE_EXACT and w.rounding == DP_HALF_EVEN:
-            if w.rule == RULE_FLOAT32:
-                m32 = multiplier32(sa, w.col_scale[0], w.y_scale)
-                if isfinite(m32):
-                    requantize_row_float32(w.acc + r * w.cols, m32, w.codes + r * w.cols, w.cols, w)
-                    continue
-            else:
-                m64 = multiplier_in_format(sa, w.col_scale[0], w.y_scale, w.scale_format)
-                if isfinite(m64):
-                    requantize_row_float64(w.acc + r * w.cols, m64, w.codes + r * w.cols, w.cols, w)
-                    continue
-        for c in range(w.cols):
-            i = r * w.cols + c
-            acc = w.acc[i]
-            sb = w.col_scale[c]
-            if w.rule == RULE_EXACT:
-                if w.float_output:
-                    if not (isfinite(sa) and isfinite(sb) and isfinite(w.y_scale)) or w.y_scale == 0.0:
-                        w.values[i] = <float>((<double>acc * sa * sb) / w.y_scale)
-                    else:
-                        w.values[i] = float_to_odd(exact_value(acc, sa, sb, w.y_scale, 53))
-                    continue
-                code = exact_code(acc, sa, sb, w.y_scale, w)
-            elif w.rule == RULE_FLOAT32:
-                m32 = multiplier32(sa, sb, w.y_scale)
-                v32 = <float>acc * m32
-                if w.float_output:
-                    w.values[i] = v32
-                    continue
-                code = saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding) + w.zero_point, w)
-            else:
-                m64 = multiplier_in_format(sa, sb, w.y_scale, w.scale_format)
-                d = <double>acc * m64
-                if w.float_output:
-                    w.values[i] = float_to_odd(d)
-                    continue
-                d = d + <double>w.zero_point
-                code = saturate_code(round_by(d, w.rounding), w)
-            w.codes[i] = <uint8_t>(code & 0xFF)
-
-
-def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const float[::1] col_scale,
-               float y_scale, out, RequantizeConfig config, int n_threads):
-    """Accumulators to output codes (uint8 storage of int8/uint8 codes) or, with
-    config.float_output, to float32 values rounded to odd for the float8 encoder."""
-    cdef RequantizeWork work
-    cdef Py_ssize_t i
-    cdef uint8_t[:, ::1] codes
-    cdef float[:, ::1] values
-    if row_scale.shape[0] != acc.shape[0] or col_scale.shape[0] != acc.shape[1]:
-        raise ValueError("requantize: scales differ from the accumulator's shape")
-    work.acc = &acc[0, 0] if acc.size else NULL
-    work.row_scale = &row_scale[0] if row_scale.shape[0] else NULL
-    work.col_scale = &col_scale[0] if col_scale.shape[0] else NULL
-    work.y_scale = y_scale
-    work.rows = acc.shape[0]
-    work.cols = acc.shape[1]
-    work.rule = config.rule
-    work.scale_format = config.scale_format
-    work.float_output = config.float_output
-    work.zero_point = config.zero_point
-    work.lo = config.lo
-    work.hi = config.hi
-    work.codes = NULL
-    work.values = NULL
-    work.uniform_cols = True
-    work.rounding = config.rounding
-    work.nan_code = nan_code_of(config.nan_to_integer, config.zero_point, config.lo, config.hi)
-    for i in range(1, col_scale.shape[0]):
-        if float_bits(col_scale[i]) != float_bits(col_scale[0]):
-            work.uniform_cols = False
-            break
-    if config.float_output:
-        values = out
-        if values.shape[0] != acc.shape[0] or values.shape[1] != acc.shape[1]:
-            raise ValueError("requantize: out differs from the accumulator's shape")
-        work.values = &values[0, 0] if values.size else NULL
-    else:
-        codes = out
-        if codes.shape[0] != acc.shape[0] or codes.shape[1] != acc.shape[1]:
-            raise ValueError("requantize: out differs from the accumulator's shape")
-        work.codes = &codes[0, 0] if codes.size else NULL
-    if acc.size == 0:
-        return
-    with nogil:
-        run_tasks(requantize_task, &work, (work.rows + ROW_BLOCK - 1) // ROW_BLOCK, n_threads)
-
-
-# --- QLinearMatMul-21 with float8 operands -------------------------------------------------
-#
-# Each operand value (a float8 code decoded, or an integer code minus its zero point) is an
-# integer multiple of 2**-F with F the operand type's fraction bits (2**-F its smallest
-# subnormal; F = 0 for integer codes), and |value| * 2**F < 2**34 (float8e5m2fnuz:
-# 57344 * 2**17 < 2**33). A product of two such integers is below 2**67 in magnitude, so a
-# signed 128-bit sum of K of them is exact for K < 2**60: S = n * 2**-(Fa + Fb) exactly. The
-# rules then read S as docs/semantics.md states: "exact" rounds S * sa * sb / sy once,
-# "float32" starts from fl32(S), "float64" from fl64(S).
-
+# 128-bit sums and the wide exact products of the requantization (QLinearMatMul-21 float8
+# operands, the datapath's multiplier).
 cdef extern from *:
     """
     typedef __int128 qq_i128;
@@ -1149,11 +850,478 @@ cdef extern from *:
         v = ldexp((double)q, drop - s + e + ea + eb - ey);
         return neg ? -v : v;
     }
+    /* n * 2^e * mul exactly (mul a finite double: a datapath's multiplier), rounded to odd
+       with p <= 53 bits: |n| * mantissa(mul) has at most 128 + 53 bits, held in 192. */
+    static inline double qq_times_wide(qq_i128 n, int e, double mul, int p) {
+        int neg, len, drop, sticky = 0, em, i, bit;
+        uint64_t k, q = 0;
+        qq_u128 m, lo, hi, mid;
+        qq_u192 x;
+        double v;
+        if (n == 0 || mul == 0.0) return 0.0;
+        neg = (n < 0) ^ (mul < 0.0);
+        m = n < 0 ? (qq_u128)0 - (qq_u128)n : (qq_u128)n;
+        k = (uint64_t)ldexp(frexp(fabs(mul), &em), 53);  /* |mul| = k * 2^(em - 53), exact */
+        em -= 53;
+        if ((m >> 64) == 0) {
+            /* an int32 accumulator (or a small sum): the product fits 117 bits */
+            qq_u128 prod = m * k;
+            len = qq_bitlen128(prod);
+            drop = len > p ? len - p : 0;
+            q = (uint64_t)(prod >> drop);
+            if (drop) q |= (uint64_t)((prod & ((((qq_u128)1) << drop) - 1)) != 0);
+            v = ldexp((double)q, drop + e + em);
+            return neg ? -v : v;
+        }
+        lo = (qq_u128)(uint64_t)m * k;
+        hi = (qq_u128)(uint64_t)(m >> 64) * k;
+        mid = (lo >> 64) + (qq_u128)(uint64_t)hi;
+        x.w[0] = (uint64_t)lo;
+        x.w[1] = (uint64_t)mid;
+        x.w[2] = (uint64_t)(hi >> 64) + (uint64_t)(mid >> 64);
+        len = qq_bitlen192(&x);
+        drop = len > p ? len - p : 0;
+        for (i = 0; i < len - drop; i++) {
+            bit = len - 1 - i;
+            q = (q << 1) | ((x.w[bit >> 6] >> (bit & 63)) & 1);
+        }
+        for (bit = 0; bit < drop; bit++)
+            if ((x.w[bit >> 6] >> (bit & 63)) & 1) { sticky = 1; break; }
+        q |= (uint64_t)sticky;
+        v = ldexp((double)q, drop + e + em);
+        return neg ? -v : v;
+    }
     """
     ctypedef long long i128 "qq_i128"
     double round_i128 "qq_round_i128" (i128 n, int e, int p, int to_odd) noexcept nogil
     double exact_value_wide "qq_exact_value_wide" (i128 n, int e, float sa, float sb, float sy,
                                                    int p) noexcept nogil
+    double times_wide "qq_times_wide" (i128 n, int e, double mul, int p) noexcept nogil
+
+
+# --- requantization ----------------------------------------------------------------------
+
+cdef class RequantizeConfig:
+    """How accumulators become output codes: the rule, the scale type (for the "float64"
+    rule's multiplier), and either an integer output (zero point, range, code mask) or
+    float32 values for a float8 encoder (float_output)."""
+    cdef readonly int rule
+    cdef readonly int scale_format
+    cdef readonly bint float_output
+    cdef readonly int32_t zero_point
+    cdef readonly int32_t lo
+    cdef readonly int32_t hi
+    cdef readonly int rounding
+    cdef readonly int nan_to_integer
+    cdef readonly int multiplier
+
+    def __init__(self, *, str rule, str scale_format, bint float_output, int zero_point=0,
+                 int lo=0, int hi=0, int rounding=DP_HALF_EVEN, int nan_to_integer=DP_NAN_MIN,
+                 int multiplier=MULT_RULE):
+        if rule not in RULES:
+            raise ValueError(f"RequantizeConfig: unknown rule {rule!r}")
+        if scale_format not in SCALE_FORMATS:
+            raise ValueError(f"RequantizeConfig: unknown scale format {scale_format!r}")
+        if not float_output and not (lo <= zero_point <= hi):
+            raise ValueError("RequantizeConfig: zero point outside [lo, hi]")
+        check_datapath_codes("RequantizeConfig", rounding, nan_to_integer, multiplier, RULES[rule])
+        self.multiplier = multiplier
+        self.rounding = rounding
+        self.nan_to_integer = nan_to_integer
+        self.rule = RULES[rule]
+        self.scale_format = SCALE_FORMATS[scale_format]
+        self.float_output = float_output
+        self.zero_point = zero_point
+        self.lo = lo
+        self.hi = hi
+
+
+cdef struct RequantizeWork:
+    const int32_t* acc       # [rows, cols]
+    const float* row_scale   # [rows]
+    const float* col_scale   # [cols]
+    float y_scale
+    Py_ssize_t rows
+    Py_ssize_t cols
+    int rule
+    int scale_format
+    bint float_output
+    int32_t zero_point
+    int32_t lo
+    int32_t hi
+    uint8_t* codes           # integer output, the low byte of each code
+    float* values            # float output
+    bint uniform_cols        # every column scale has the same bits
+    int rounding             # DatapathRounding of the rule's value to an integer
+    int32_t nan_code         # the code a NaN value gives (datapath nan_to_integer)
+    int multiplier           # MULT_RULE, or the datapath's multiplier
+    const uint32_t* words    # rounding "stochastic": one word per output element, else NULL
+
+
+cdef inline void check_datapath_codes(str where, int rounding, int nan_to_integer, int multiplier,
+                                      int rule) except *:
+    if not (DP_HALF_EVEN <= rounding <= DP_STOCHASTIC):
+        raise ValueError(f"{where}: rounding code {rounding}; allowed {DP_HALF_EVEN}..{DP_STOCHASTIC}")
+    if not (DP_NAN_MIN <= nan_to_integer <= DP_NAN_MAX):
+        raise ValueError(f"{where}: nan_to_integer code {nan_to_integer}; allowed {DP_NAN_MIN}..{DP_NAN_MAX}")
+    if not (MULT_RULE <= multiplier <= MULT_F64_RECIPROCAL):
+        raise ValueError(f"{where}: multiplier code {multiplier}; allowed {MULT_RULE}..{MULT_F64_RECIPROCAL}")
+    # the "float32" rule multiplies a float32 accumulator by a float32 multiplier
+    if rule == RULE_FLOAT32 and multiplier > MULT_F32_RECIPROCAL:
+        raise ValueError(f"{where}: the float32 rule takes a float32 multiplier, not code {multiplier}")
+
+
+cdef inline const uint32_t* random_words(int rounding, bint float_output, object random_bits,
+                                         Py_ssize_t size, str where) except? NULL:
+    # Integer outputs under "stochastic" take one word per output; float outputs are rounded
+    # by the float8 encoder (which takes the words itself), so the kernel takes none.
+    cdef const uint32_t[::1] words
+    if (rounding == DP_STOCHASTIC and not float_output) != (random_bits is not None):
+        raise ValueError(f"{where}: random_bits go with the rounding 'stochastic' of integer "
+                         "outputs, and only with it")
+    if random_bits is None:
+        return NULL
+    words = random_bits
+    if words.shape[0] != size:
+        raise ValueError(f"{where}: random_bits has {words.shape[0]} words; the output has {size}")
+    return &words[0] if size else NULL
+
+
+cdef inline int32_t nan_code_of(int nan_to_integer, int32_t zero_point, int32_t lo, int32_t hi) noexcept:
+    # "zero": round(NaN) read as 0, then the zero point added (within [lo, hi] already).
+    if nan_to_integer == DP_NAN_ZERO:
+        return zero_point
+    return hi if nan_to_integer == DP_NAN_MAX else lo
+
+
+cdef inline double round_by(double v, int mode, uint32_t word) noexcept nogil:
+    # v rounded to an integer by the datapath mode (half_even: the FPU's default, as the
+    # ONNX rules; stochastic: with the output's word). Non-finite v and |v| >= 2**52
+    # (integers already) pass through.
+    if mode == DP_HALF_EVEN:
+        return nearbyint(v)
+    if not isfinite(v) or fabs(v) >= 4503599627370496.0:
+        return v
+    return copysign(round_magnitude(fabs(v), v < 0.0, mode, word), v)
+
+
+cdef inline double exact_limit(int mode) noexcept nogil:
+    # Beyond it an exact value rounded to odd at 53 bits saturates whatever the mode (8-bit
+    # outputs, |zero point| <= 255). Below it the value's ulp is at most 2**-23, and for
+    # "stochastic", which truncates the fraction at 2**-32, at most 2**-35: fine enough that
+    # rounding the 53-bit odd value gives what the exact value gives.
+    return 262144.0 if mode == DP_STOCHASTIC else 1073741824.0
+
+
+cdef inline double datapath_multiplier(float sa, float sb, float sy, int mode) noexcept nogil:
+    # The datapath's multiplier, each operation one IEEE rounding in its precision:
+    # divide round_P(round_P(sa * sb) / sy), reciprocal round_P(round_P(sa * sb) *
+    # round_P(1 / sy)). float32 operands make C compute in float32 (SSE: FLT_EVAL_METHOD 0).
+    cdef float one32 = 1.0
+    cdef float p32, r32
+    cdef double p64
+    if mode == MULT_F32_DIVIDE:
+        p32 = sa * sb
+        return p32 / sy
+    if mode == MULT_F32_RECIPROCAL:
+        p32 = sa * sb
+        r32 = one32 / sy
+        return p32 * r32
+    p64 = <double>sa * <double>sb  # exact: two 24-bit significands
+    if mode == MULT_F64_DIVIDE:
+        return p64 / <double>sy
+    return p64 * (1.0 / <double>sy)
+
+
+cdef inline int32_t saturate_code(double r, const RequantizeWork* w) noexcept nogil:
+    # r: an integer value (or +-inf, NaN). NaN gives the datapath's code (ONNX: the
+    # minimum, as QuantizeLinear).
+    if isnan(r):
+        return w.nan_code
+    if r >= <double>w.hi:
+        return w.hi
+    if r <= <double>w.lo:
+        return w.lo
+    return <int32_t>r
+
+
+cdef inline int32_t exact_code(int32_t acc, float sa, float sb, float sy,
+                               const RequantizeWork* w, uint32_t word) noexcept nogil:
+    cdef double p, t, v, r
+    if not (isfinite(sa) and isfinite(sb) and isfinite(sy)) or sy == 0.0:
+        v = (<double>acc * sa * sb) / sy
+        return saturate_code(v if isnan(v) else v + w.zero_point, w)
+    if w.rounding != DP_HALF_EVEN:
+        # Rounded to odd at 53 bits, below exact_limit: any mode then rounds it to an
+        # integer as it would the exact value (Boldo and Melquiond).
+        v = exact_value(acc, sa, sb, sy, 53)
+        if fabs(v) >= exact_limit(w.rounding):
+            return w.hi if v > 0 else w.lo
+        return saturate_code(round_by(v, w.rounding, word) + w.zero_point, w)
+    # A fast estimate, exact unless it lies within its error of a rounding midpoint:
+    # p is exact (two 24-bit significands), t and v each add one rounding, so
+    # |v - exact| <= 2**-51 |v| while nothing underflows (|t| >= 2**-960).
+    p = <double>sa * <double>sb
+    t = <double>acc * p
+    v = t / <double>sy
+    if isfinite(v) and fabs(v) >= 1073741824.0:
+        return w.hi if v > 0 else w.lo
+    if isfinite(v) and (acc == 0 or fabs(t) >= 1.0e-289):
+        r = nearbyint(v)
+        if fabs(fabs(v - r) - 0.5) > fabs(v) * 1.7763568394002505e-15 + 1e-300:
+            return saturate_code(r + w.zero_point, w)
+    v = exact_value(acc, sa, sb, sy, 53)
+    if fabs(v) >= 1073741824.0:
+        return w.hi if v > 0 else w.lo
+    return saturate_code(nearbyint(v) + w.zero_point, w)
+
+
+cdef inline float multiplier32(float sa, float sb, float sy) noexcept nogil:
+    cdef float product = sa * sb
+    return product / sy
+
+
+cdef inline double multiplier_in_format(float sa, float sb, float sy, int fmt) noexcept nogil:
+    # numpy's a_scale * b_scale / y_scale on arrays of the scale type: each operation
+    # rounded once to it (float16/bfloat16 products are exact in double; a double quotient
+    # rounded again to 11 or 8 bits is the correctly rounded quotient, 53 >= 2p + 2).
+    cdef float product
+    if fmt == FMT_FLOAT32:
+        return multiplier32(sa, sb, sy)
+    product = round_to_value_format(<double>sa * <double>sb, 0.0, fmt)
+    return round_to_value_format(<double>product / <double>sy, 0.0, fmt)
+
+
+cdef void requantize_row_float32(const int32_t* acc, float m32, uint8_t* codes, Py_ssize_t n,
+                                 const RequantizeWork* w) noexcept nogil:
+    # The "float32" rule with one finite multiplier, branch-free so that it vectorizes.
+    # The zero point is added in float32: exact while |round(v)| < 2**24, and beyond that
+    # the sum, however rounded, stays outside [lo, hi] (a range within +-2**16), so the
+    # clamp gives what the exact sum would.
+    cdef Py_ssize_t c
+    cdef float f
+    cdef float zp = <float>w.zero_point
+    cdef float lo = <float>w.lo
+    cdef float hi = <float>w.hi
+    for c in range(n):
+        f = nearbyintf(<float>acc[c] * m32) + zp
+        f = lo if f < lo else f
+        f = hi if f > hi else f
+        codes[c] = <uint8_t>(<int32_t>f & 0xFF)
+
+
+cdef void requantize_row_float64(const int32_t* acc, double m64, uint8_t* codes, Py_ssize_t n,
+                                 const RequantizeWork* w) noexcept nogil:
+    # The "float64" rule with one finite multiplier (no NaN can arise), branch-free.
+    cdef Py_ssize_t c
+    cdef double d
+    cdef double zp = <double>w.zero_point
+    cdef double lo = <double>w.lo
+    cdef double hi = <double>w.hi
+    for c in range(n):
+        d = nearbyint(<double>acc[c] * m64 + zp)
+        d = lo if d < lo else d
+        d = hi if d > hi else d
+        codes[c] = <uint8_t>(<int32_t>d & 0xFF)
+
+
+cdef bint requantize_row_exact(const int32_t* acc, float sa, float sb, uint8_t* codes, Py_ssize_t n,
+                               const RequantizeWork* w) noexcept nogil:
+    # The "exact" rule for a row with one scale product: v = acc * q, q = fl(sa * sb / sy)
+    # (sa * sb is exact in double), is within |v| * 2**-51 of the exact value (two
+    # roundings), so wherever v lies farther than |v| * 2**-49 from a rounding midpoint the
+    # exact value rounds to the same integer; elsewhere exact_code decides. False when q
+    # is not a normal double far from the limits (the caller then goes element by element).
+    cdef double q, v, r
+    cdef Py_ssize_t c
+    if not (isfinite(sa) and isfinite(sb) and isfinite(w.y_scale)) or w.y_scale == 0.0:
+        return False
+    q = (<double>sa * <double>sb) / <double>w.y_scale
+    if not (fabs(q) >= 1e-290 and fabs(q) <= 1e290):
+        return False
+    for c in range(n):
+        v = <double>acc[c] * q
+        if fabs(v) >= 1073741824.0:
+            codes[c] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
+            continue
+        r = nearbyint(v)
+        if fabs(fabs(v - r) - 0.5) > fabs(v) * 1.7763568394002505e-15 + 1e-300:
+            codes[c] = <uint8_t>(saturate_code(r + w.zero_point, w) & 0xFF)
+        else:
+            codes[c] = <uint8_t>(exact_code(acc[c], sa, sb, w.y_scale, w, 0) & 0xFF)
+    return True
+
+
+cdef void requantize_with_multiplier(const RequantizeWork* w, Py_ssize_t i, bint finite, i128 n,
+                                     int shift, double s, float sa, float sb) noexcept nogil:
+    # One output under the datapath's multiplier m (docs/semantics.md, "The integer ops
+    # under a datapath"): the value S = n * 2**-shift (finite; an int32 accumulator has
+    # shift 0) or the IEEE sum s, times m by the rule: "exact" S * m exactly, rounded once
+    # (a non-finite m: the IEEE product), "float32" fl32(fl32(S) * m), "float64"
+    # fl64(fl64(S) * m) + zp.
+    cdef double m = datapath_multiplier(sa, sb, w.y_scale, w.multiplier)
+    cdef double v, d
+    cdef float v32
+    cdef uint32_t word = w.words[i] if w.words != NULL else 0
+    if w.rule == RULE_EXACT:
+        if finite and isfinite(m):
+            v = times_wide(n, -shift, m, 53)
+            if w.float_output:
+                w.values[i] = float_to_odd(v)
+            elif fabs(v) >= exact_limit(w.rounding):
+                w.codes[i] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
+            else:
+                w.codes[i] = <uint8_t>(saturate_code(round_by(v, w.rounding, word) + w.zero_point, w) & 0xFF)
+            return
+        if finite:
+            s = round_i128(n, -shift, 53, 0)  # only its sign and zeroness matter: m is not finite
+        v = s * m
+        if w.float_output:
+            w.values[i] = <float>v
+        else:
+            w.codes[i] = <uint8_t>(saturate_code(v if isnan(v) else v + w.zero_point, w) & 0xFF)
+        return
+    if w.rule == RULE_FLOAT32:
+        if finite:
+            s = round_i128(n, -shift, 53, 1)  # to odd: the float32 conversion is then fl32(S)
+        v32 = <float>s * <float>m  # m is a float32 value (check_datapath_codes)
+        if w.float_output:
+            w.values[i] = v32
+        else:
+            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w) & 0xFF)
+        return
+    if finite:
+        s = round_i128(n, -shift, 53, 0)  # fl64(S)
+    d = s * m
+    if w.float_output:
+        w.values[i] = float_to_odd(d)
+    else:
+        w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding, word), w) & 0xFF)
+
+
+cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
+    cdef const RequantizeWork* w = <const RequantizeWork*>work
+    cdef Py_ssize_t r, c, i
+    cdef int32_t acc, code
+    cdef float sa, sb, m32, v32
+    cdef double m64, d
+    cdef uint32_t word
+    for r in range(task * ROW_BLOCK, min((task + 1) * ROW_BLOCK, w.rows)):
+        sa = w.row_scale[r]
+        # One multiplier for the whole row (the columns share a scale: QLinearConv's
+        # x_scale, a per-tensor b_scale): the rule's per-element arithmetic without the
+        # per-element division.
+        if (w.uniform_cols and not w.float_output and w.rule == RULE_EXACT and w.rounding == DP_HALF_EVEN
+                and w.multiplier == MULT_RULE):
+            if requantize_row_exact(w.acc + r * w.cols, sa, w.col_scale[0], w.codes + r * w.cols, w.cols, w):
+                continue
+        if (w.uniform_cols and not w.float_output and w.rule != RULE_EXACT and w.rounding == DP_HALF_EVEN
+                and w.multiplier == MULT_RULE):
+            if w.rule == RULE_FLOAT32:
+                m32 = multiplier32(sa, w.col_scale[0], w.y_scale)
+                if isfinite(m32):
+                    requantize_row_float32(w.acc + r * w.cols, m32, w.codes + r * w.cols, w.cols, w)
+                    continue
+            else:
+                m64 = multiplier_in_format(sa, w.col_scale[0], w.y_scale, w.scale_format)
+                if isfinite(m64):
+                    requantize_row_float64(w.acc + r * w.cols, m64, w.codes + r * w.cols, w.cols, w)
+                    continue
+        for c in range(w.cols):
+            i = r * w.cols + c
+            acc = w.acc[i]
+            sb = w.col_scale[c]
+            word = w.words[i] if w.words != NULL else 0
+            if w.multiplier != MULT_RULE:
+                requantize_with_multiplier(w, i, True, acc, 0, 0.0, sa, sb)
+                continue
+            if w.rule == RULE_EXACT:
+                if w.float_output:
+                    if not (isfinite(sa) and isfinite(sb) and isfinite(w.y_scale)) or w.y_scale == 0.0:
+                        w.values[i] = <float>((<double>acc * sa * sb) / w.y_scale)
+                    else:
+                        w.values[i] = float_to_odd(exact_value(acc, sa, sb, w.y_scale, 53))
+                    continue
+                code = exact_code(acc, sa, sb, w.y_scale, w, word)
+            elif w.rule == RULE_FLOAT32:
+                m32 = multiplier32(sa, sb, w.y_scale)
+                v32 = <float>acc * m32
+                if w.float_output:
+                    w.values[i] = v32
+                    continue
+                code = saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w)
+            else:
+                m64 = multiplier_in_format(sa, sb, w.y_scale, w.scale_format)
+                d = <double>acc * m64
+                if w.float_output:
+                    w.values[i] = float_to_odd(d)
+                    continue
+                d = d + <double>w.zero_point
+                code = saturate_code(round_by(d, w.rounding, word), w)
+            w.codes[i] = <uint8_t>(code & 0xFF)
+
+
+def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const float[::1] col_scale,
+               float y_scale, out, RequantizeConfig config, int n_threads,
+               const uint32_t[::1] random_bits=None):
+    """Accumulators to output codes (uint8 storage of int8/uint8 codes) or, with
+    config.float_output, to float32 values rounded to odd for the float8 encoder;
+    random_bits (one word per accumulator, C order) with the rounding "stochastic"."""
+    cdef RequantizeWork work
+    cdef Py_ssize_t i
+    cdef uint8_t[:, ::1] codes
+    cdef float[:, ::1] values
+    if row_scale.shape[0] != acc.shape[0] or col_scale.shape[0] != acc.shape[1]:
+        raise ValueError("requantize: scales differ from the accumulator's shape")
+    work.acc = &acc[0, 0] if acc.size else NULL
+    work.row_scale = &row_scale[0] if row_scale.shape[0] else NULL
+    work.col_scale = &col_scale[0] if col_scale.shape[0] else NULL
+    work.y_scale = y_scale
+    work.rows = acc.shape[0]
+    work.cols = acc.shape[1]
+    work.rule = config.rule
+    work.scale_format = config.scale_format
+    work.float_output = config.float_output
+    work.zero_point = config.zero_point
+    work.lo = config.lo
+    work.hi = config.hi
+    work.codes = NULL
+    work.values = NULL
+    work.uniform_cols = True
+    work.rounding = config.rounding
+    work.nan_code = nan_code_of(config.nan_to_integer, config.zero_point, config.lo, config.hi)
+    work.multiplier = config.multiplier
+    work.words = random_words(config.rounding, config.float_output, random_bits, acc.size, "requantize")
+    for i in range(1, col_scale.shape[0]):
+        if float_bits(col_scale[i]) != float_bits(col_scale[0]):
+            work.uniform_cols = False
+            break
+    if config.float_output:
+        values = out
+        if values.shape[0] != acc.shape[0] or values.shape[1] != acc.shape[1]:
+            raise ValueError("requantize: out differs from the accumulator's shape")
+        work.values = &values[0, 0] if values.size else NULL
+    else:
+        codes = out
+        if codes.shape[0] != acc.shape[0] or codes.shape[1] != acc.shape[1]:
+            raise ValueError("requantize: out differs from the accumulator's shape")
+        work.codes = &codes[0, 0] if codes.size else NULL
+    if acc.size == 0:
+        return
+    with nogil:
+        run_tasks(requantize_task, &work, (work.rows + ROW_BLOCK - 1) // ROW_BLOCK, n_threads)
+
+
+# --- QLinearMatMul-21 with float8 operands -------------------------------------------------
+#
+# Each operand value (a float8 code decoded, or an integer code minus its zero point) is an
+# integer multiple of 2**-F with F the operand type's fraction bits (2**-F its smallest
+# subnormal; F = 0 for integer codes), and |value| * 2**F < 2**34 (float8e5m2fnuz:
+# 57344 * 2**17 < 2**33). A product of two such integers is below 2**67 in magnitude, so a
+# signed 128-bit sum of K of them is exact for K < 2**60: S = n * 2**-(Fa + Fb) exactly. The
+# rules then read S as docs/semantics.md states: "exact" rounds S * sa * sb / sy once,
+# "float32" starts from fl32(S), "float64" from fl64(S).
+
 
 
 cdef class FloatMatmulConfig:
@@ -1168,10 +1336,11 @@ cdef class FloatMatmulConfig:
     cdef readonly int shift
     cdef readonly int rounding
     cdef readonly int nan_to_integer
+    cdef readonly int multiplier
 
     def __init__(self, *, str rule, str scale_format, bint float_output, int shift,
                  int zero_point=0, int lo=0, int hi=0, int rounding=DP_HALF_EVEN,
-                 int nan_to_integer=DP_NAN_MIN):
+                 int nan_to_integer=DP_NAN_MIN, int multiplier=MULT_RULE):
         if rule not in RULES:
             raise ValueError(f"FloatMatmulConfig: unknown rule {rule!r}")
         if scale_format not in SCALE_FORMATS:
@@ -1180,7 +1349,8 @@ cdef class FloatMatmulConfig:
             raise ValueError("FloatMatmulConfig: zero point outside [lo, hi]")
         if not 0 <= shift <= 40:
             raise ValueError(f"FloatMatmulConfig: shift={shift}; allowed 0..40")
-        check_datapath_codes("FloatMatmulConfig", rounding, nan_to_integer)
+        check_datapath_codes("FloatMatmulConfig", rounding, nan_to_integer, multiplier, RULES[rule])
+        self.multiplier = multiplier
         self.rounding = rounding
         self.nan_to_integer = nan_to_integer
         self.rule = RULES[rule]
@@ -1221,15 +1391,19 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
     cdef double v, m64, d
     cdef float m32, v32
     cdef bint scales_ok = isfinite(sa) and isfinite(sb) and isfinite(w.y_scale) and w.y_scale != 0.0
+    cdef uint32_t word = w.words[i] if w.words != NULL else 0
+    if w.multiplier != MULT_RULE:
+        requantize_with_multiplier(w, i, finite, n, shift, s, sa, sb)
+        return
     if w.rule == RULE_EXACT:
         if finite and scales_ok:
             v = exact_value_wide(n, -shift, sa, sb, w.y_scale, 53)
             if w.float_output:
                 w.values[i] = float_to_odd(v)
-            elif fabs(v) >= 1073741824.0:
+            elif fabs(v) >= exact_limit(w.rounding):
                 w.codes[i] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
             else:
-                w.codes[i] = <uint8_t>(saturate_code(round_by(v, w.rounding) + w.zero_point, w) & 0xFF)
+                w.codes[i] = <uint8_t>(saturate_code(round_by(v, w.rounding, word) + w.zero_point, w) & 0xFF)
             return
         if finite:
             s = round_i128(n, -shift, 53, 0)
@@ -1247,7 +1421,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
         if w.float_output:
             w.values[i] = v32
         else:
-            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding) + w.zero_point, w) & 0xFF)
+            w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w) & 0xFF)
         return
     if finite:
         s = round_i128(n, -shift, 53, 0)  # fl64(S)
@@ -1256,7 +1430,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
     if w.float_output:
         w.values[i] = float_to_odd(d)
     else:
-        w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding), w) & 0xFF)
+        w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding, word), w) & 0xFF)
 
 
 cdef void float_matmul_task(const void* work, Py_ssize_t task) noexcept nogil:
@@ -1301,7 +1475,8 @@ def float_matmul_requantize(const int64_t[:, :, ::1] a_fixed, const int64_t[:, :
                             const uint8_t[:, ::1] row_special, const uint8_t[:, ::1] col_special,
                             const Py_ssize_t[::1] a_item, const Py_ssize_t[::1] b_item,
                             const float[::1] row_scale, const float[:, ::1] col_scale,
-                            float y_scale, out, FloatMatmulConfig config, int n_threads):
+                            float y_scale, out, FloatMatmulConfig config, int n_threads,
+                            const uint32_t[::1] random_bits=None):
     """QLinearMatMul-21 with a float8 operand: for each item t, row r, column c the exact
     sum S of a_fixed[a_item[t], r, :] * bt_fixed[b_item[t], c, :] * 2**-shift (or, where
     the row or column holds a NaN or an infinity, the IEEE sum of the values), requantized
@@ -1344,6 +1519,9 @@ def float_matmul_requantize(const int64_t[:, :, ::1] a_fixed, const int64_t[:, :
     work.rq.uniform_cols = False
     work.rq.rounding = config.rounding
     work.rq.nan_code = nan_code_of(config.nan_to_integer, config.zero_point, config.lo, config.hi)
+    work.rq.multiplier = config.multiplier
+    work.rq.words = random_words(config.rounding, config.float_output, random_bits, items * rows * cols,
+                                 "float_matmul_requantize")
     if config.float_output:
         values = out
         if values.shape[0] != items * rows or values.shape[1] != cols:

@@ -12,7 +12,7 @@
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.float cimport FLT_MAX
-from libc.math cimport fabsf, fmaxf, fminf, isnan, NAN
+from libc.math cimport copysignf, fabsf, fmaxf, fminf, isnan, NAN
 from libc.stdint cimport uint8_t, int32_t, uint32_t
 
 from _tasks cimport run_tasks
@@ -57,6 +57,12 @@ cdef struct NVFP4Plan:
     SmallFloat32Decoder e4m3_decoder
     SmallFloat32Encoder e2m1
     int rounding              # datapath: DatapathRounding of the element into e2m1
+    # datapath subnormals: x magnitudes below x_min_normal (x's own type) are read as zeros
+    # of their sign ("flush_inputs"; 0: none); a subnormal e2m1 result (+-0.5) is written as
+    # a zero of its sign ("flush_outputs")
+    float x_min_normal
+    bint flush_outputs
+    bint datapath_loop        # the element runs through encode_run_datapath
 
 
 cdef struct NVFP4Work:
@@ -120,28 +126,35 @@ cdef inline int encode_e2m1_modelopt(float q, const SmallFloat32Encoder* e) noex
 
 
 cdef inline int encode_e2m1_datapath(float q, int recipe, int mode, uint32_t word,
-                                     const SmallFloat32Encoder* e) noexcept nogil:
+                                     bint flush_outputs) noexcept nogil:
     # The recipe's float32 element q rounded by the datapath mode on e2m1's one mantissa
     # bit (smallest normal 1.0; an infinite q is clamped high first), saturated to +-6 as
     # every recipe's conversion does; the recipe's own NaN and -0 codes are kept.
+    cdef int code
     if q != q:
         return 0x4 if recipe == RECIPE_TORCHAO else 0x7
     if recipe == RECIPE_MODELOPT and float_bits(q) == <uint32_t>0x80000000u:
         return 0x0
     # e2m1: 1 mantissa bit, smallest normal 2**0, largest code 0x7 (+6), sign 0x8
-    return round_to_code(<double>q, mode, word, 1, 0, 0x7, False) | select_i32(float_bits(q) >> 31, 0x8, 0)
+    code = round_to_code(<double>q, mode, word, 1, 0, 0x7, False) | select_i32(float_bits(q) >> 31, 0x8, 0)
+    if flush_outputs and (code & 0x7) == 0x1:
+        code = code & 0x8  # +-0.5, e2m1's one subnormal, after rounding: a zero of its sign
+    return code
 
 
 cdef void encode_run_datapath(const float* x, uint8_t* codes, const uint32_t* words, Py_ssize_t count,
-                              Py_ssize_t stride, float factor, int recipe, int mode,
-                              const SmallFloat32Encoder* e2m1) noexcept nogil:
-    # encode_run under a datapath rounding: the recipe's element operation, then the mode.
+                              Py_ssize_t stride, float factor, const NVFP4Plan* p) noexcept nogil:
+    # encode_run under a datapath: x flushed, the recipe's element operation, then the mode.
     cdef Py_ssize_t j
-    cdef float q
+    cdef float v, q
+    cdef int recipe = p.recipe
     for j in range(count):
-        q = x[j * stride] / factor if recipe == RECIPE_MODELOPT else x[j * stride] * factor
+        v = x[j * stride]
+        if fabsf(v) < p.x_min_normal:
+            v = copysignf(0.0, v)
+        q = v / factor if recipe == RECIPE_MODELOPT else v * factor
         codes[j * stride] = <uint8_t>encode_e2m1_datapath(
-            q, recipe, mode, words[j * stride] if words != NULL else 0, e2m1)
+            q, recipe, p.rounding, words[j * stride] if words != NULL else 0, p.flush_outputs)
 
 
 cdef inline void encode_run(const float* x, uint8_t* codes, Py_ssize_t count, Py_ssize_t stride,
@@ -269,6 +282,10 @@ cdef void nvfp4_task(const void* work, Py_ssize_t task) noexcept nogil:
             for i in range(i0, i1):
                 at = (o * p.length + k0) * p.inner + i
                 all_max = max(all_max, abs_max_bits(w.x + at, k1 - k0, p.inner, &finite_max))
+        if bits_float(finite_max) < p.x_min_normal:
+            # flush_inputs: a block whose largest non-NaN magnitude is subnormal holds only
+            # zeros once flushed (NaN detection is unchanged: all_max)
+            finite_max = 0
         # 2. The e4m3 block scale and the element factor. TransformerEngine reduces with
         # fmaxf from 0 (a NaN element never wins); torch.amax propagates NaN.
         factor = block_factor(p, bits_float(finite_max), all_max > 0x7F800000, &scale_code)
@@ -277,9 +294,9 @@ cdef void nvfp4_task(const void* work, Py_ssize_t task) noexcept nogil:
         for o in range(o0, o1):
             for i in range(i0, i1):
                 at = (o * p.length + k0) * p.inner + i
-                if p.rounding != DP_HALF_EVEN:
+                if p.datapath_loop:
                     encode_run_datapath(w.x + at, w.codes + at, w.words + at if w.words != NULL else NULL,
-                                        k1 - k0, p.inner, factor, p.recipe, p.rounding, &p.e2m1)
+                                        k1 - k0, p.inner, factor, p)
                 else:
                     encode_run(w.x + at, w.codes + at, k1 - k0, p.inner, factor, p.recipe, &p.e2m1)
                 w.scales[(o * p.n_blocks + kb) * p.inner + i] = <uint8_t>scale_code
@@ -295,7 +312,7 @@ cdef class NVFP4Config:
 
     def __init__(self, *, str recipe, Py_ssize_t outer, Py_ssize_t length, Py_ssize_t inner,
                  Py_ssize_t tile_outer, Py_ssize_t tile_inner, float global_amax,
-                 int rounding=DP_HALF_EVEN):
+                 int rounding=DP_HALF_EVEN, float x_min_normal=0.0, bint flush_outputs=False):
         if recipe not in _RECIPES:
             raise ValueError(f"NVFP4Config: unknown recipe {recipe!r}; known {', '.join(_RECIPES)}")
         if outer < 0 or length < 0 or inner < 0:
@@ -306,8 +323,15 @@ cdef class NVFP4Config:
             raise ValueError(f"NVFP4Config: global_amax={global_amax} is negative")
         if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
             raise ValueError(f"NVFP4Config: rounding code {rounding}; allowed {DP_HALF_EVEN}..{DP_STOCHASTIC}")
+        if not 0.0 <= x_min_normal <= 2.0 ** -14:
+            raise ValueError(f"NVFP4Config: x_min_normal={x_min_normal}; allowed 0 (no flush), "
+                             "2**-126 (float32, bfloat16 x) or 2**-14 (float16 x)")
         p = &self.plan
         p.rounding = rounding
+        p.x_min_normal = x_min_normal
+        p.flush_outputs = flush_outputs
+        # the default (half_even, keep) runs the recipes' own vectorized loops
+        p.datapath_loop = rounding != DP_HALF_EVEN or x_min_normal != 0.0 or flush_outputs
         p.recipe = _RECIPES[recipe]
         p.outer = outer
         p.length = length

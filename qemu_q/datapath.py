@@ -234,17 +234,24 @@ def integer_op_accumulator(datapath, accumulator: str, where: str) -> str:
 QLINEAR_DEFAULT_RULE = "exact"
 
 
+# The QLinear kernels' multiplier codes (pyx/_integer.pyx, MULT_*): the rule's own
+# arithmetic, or the datapath's (scale, scale_precision).
+QLINEAR_MULTIPLIERS = {None: 0, ("divide", "float32"): 1, ("reciprocal", "float32"): 2,
+                       ("divide", "float64"): 3, ("reciprocal", "float64"): 4}
+
+
 def qlinear_options(datapath, requantization, accumulator: str, where: str):
     """QLinearMatMul's and QLinearConv's options under a datapath: (requantization rule,
-    accumulator, rounding, nan_to_integer, nan). The datapath's `requantization` and
-    `accumulator` stand in for the arguments (both given and different: a ValueError);
-    `rounding` (every mode but "stochastic") rounds the rule's value to the integer output
-    or to the float8 output, `nan_to_integer` is the code a NaN value gives, `nan` the
-    float8 output's NaN code. `scale`, `scale_precision` and `subnormals` describe steps
-    these ops have (forming the multiplier, subnormal scales and float8 results) that
-    qemu_q does not implement for them: a non-default value is a ValueError, but for
-    scale_precision="float32" with the "float32" rule, which forms its multiplier by
-    float32 division already."""
+    accumulator, rounding, nan_to_integer, nan, subnormals, multiplier code). The
+    datapath's `requantization` and `accumulator` stand in for the arguments (both given
+    and different: a ValueError); `rounding` rounds the rule's value to the integer output
+    or to the float8 output ("stochastic" with the call's `random_bits=`),
+    `nan_to_integer` is the code a NaN value gives, `nan` the float8 output's NaN code,
+    `subnormals` flushes subnormal scales (inputs) and float8 results (outputs);
+    `scale` and `scale_precision` form the multiplier (docs/semantics.md, "The integer ops
+    under a datapath"): the rule's own (code 0) when the precision is None, or equal to
+    the "float32" rule's own division; the "float32" rule with a float64 multiplier is a
+    ValueError (it multiplies in float32)."""
     datapath = as_datapath(datapath)
     accumulator = integer_op_accumulator(datapath, accumulator, where)
     if datapath.requantization is not None:
@@ -252,21 +259,19 @@ def qlinear_options(datapath, requantization, accumulator: str, where: str):
             raise ValueError(f"{where}: requantization={requantization!r} and datapath requantization="
                              f"{datapath.requantization!r} disagree; give one")
         requantization = datapath.requantization
-    for name in ("scale", "scale_precision", "subnormals"):
-        value = getattr(datapath, name)
-        if name == "scale_precision" and value == "float32" and requantization == "float32":
-            continue  # the "float32" rule divides in float32: the same multiplier
-        if value != getattr(ONNX, name):
+    precision = datapath.scale_precision
+    if precision is None or (requantization == "float32" and (datapath.scale, precision) == ("divide", "float32")):
+        # ("reciprocal" always has a precision: Datapath checks it)
+        multiplier = QLINEAR_MULTIPLIERS[None]  # the rule's own arithmetic, as the rule defines it
+    else:
+        if requantization == "float32" and precision == "float64":
             raise ValueError(
-                f"{where}: datapath {name}={value!r} is not implemented for the QLinear ops' "
-                f"requantization (allowed: {getattr(ONNX, name)!r}); they read the datapath's "
-                "accumulator, requantization, rounding, nan_to_integer and nan")
-    if datapath.rounding == "stochastic":
-        raise ValueError(
-            f"{where}: datapath rounding='stochastic' is not implemented for the QLinear ops' "
-            "requantization (they take no random_bits); allowed: "
-            + ", ".join(repr(r) for r in ROUNDINGS if r != "stochastic"))
-    return requantization, accumulator, datapath.rounding, datapath.nan_to_integer, datapath.nan
+                f"{where}: datapath scale_precision='float64' with the 'float32' requantization rule: "
+                "that rule multiplies a float32 accumulator by a float32 multiplier; allowed with it: "
+                "scale_precision None or 'float32'")
+        multiplier = QLINEAR_MULTIPLIERS[(datapath.scale, precision)]
+    return (requantization, accumulator, datapath.rounding, datapath.nan_to_integer, datapath.nan,
+            datapath.subnormals, multiplier)
 
 
 def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name: str = "x"):

@@ -1,6 +1,7 @@
 """qemu_q.Datapath in mx_quantize and nvfp4_quantize (docs/semantics.md, "Datapath options",
 "Block-scaled quantization"): the element rounding (every mode, stochastic with random_bits),
-MX's subnormal flushes, quotient precision and canonical NaN, NVFP4's recipe conflicts.
+MX's subnormal flushes, quotient precision and canonical NaN, NVFP4's recipe conflicts and
+subnormal flushes.
 
 Oracles: the shared scale from tests/mx_oracle.py (the OCP text) and NVFP4's recipe steps
 from tests/nvfp4_oracle.py (the sources); the element's rounding by mode from
@@ -277,13 +278,70 @@ def test_nvfp4_datapath_options_the_recipe_fixes():
                                                                              scale_precision="float32"))
     with pytest.raises(ValueError, match="scale_precision='float64' conflicts with recipe='torchao'"):
         qemu_q.nvfp4_quantize(x, recipe="torchao", datapath=qemu_q.Datapath(scale_precision="float64"))
-    with pytest.raises(ValueError, match="subnormals='flush_both' conflicts with recipe='transformer_engine'"):
-        qemu_q.nvfp4_quantize(x, datapath=qemu_q.Datapath(subnormals="flush_both"))
     with pytest.raises(ValueError, match="needs random_bits="):
         qemu_q.nvfp4_quantize(x, datapath=qemu_q.Datapath(rounding="stochastic"))
     with pytest.raises(ValueError, match=r"random_bits has shape \(64,\)"):
         qemu_q.nvfp4_quantize(x, datapath=qemu_q.Datapath(rounding="stochastic"),
                               random_bits=np.zeros(64, np.uint32))
+
+
+def nvfp4_flush_oracle(x: np.ndarray, recipe: str, mode: str, subnormals: str, words=None):
+    """docs/semantics.md, "NVFP4 under a datapath": flush_inputs reads x below its type's
+    smallest normal as a zero of its sign before every recipe step (the amaxes included);
+    flush_outputs writes e2m1's subnormal results (+-0.5, codes 0x1 / 0x9) as zeros of their
+    sign. (codes, block scales) as uint8."""
+    x32 = x.astype(np.float32)
+    if subnormals in ("flush_inputs", "flush_both"):
+        x32 = np.array([[flush_input(float(v), x.dtype) for v in row] for row in x32], np.float32)
+    codes = nvfp4_oracle(x32, recipe, mode, words)
+    if subnormals in ("flush_outputs", "flush_both"):
+        codes = np.where((codes & 0x7) == 0x1, codes & 0x8, codes).astype(np.uint8)
+    return codes, no.quantize(x32, recipe)[1]
+
+
+@pytest.mark.parametrize("recipe", NV_RECIPES)
+@pytest.mark.parametrize("subnormals", ["flush_inputs", "flush_outputs", "flush_both"])
+def test_nvfp4_subnormals(recipe, subnormals):
+    # float16 x: every 7th code, its subnormals (below 2**-14, float32 normals) in blocks of
+    # their own; float32 x: blocks of float32 subnormals beside normal ones, and a tensor of
+    # subnormals only (its amax flushes to 0).
+    f16 = F16_SAMPLE[:16 * 64].reshape(64, 16)
+    f32 = (F16_SAMPLE[:16 * 64].astype(np.float32) * np.float32(3.0)).reshape(64, 16)
+    f32[::3] = f32[::3] * np.float32(2.0 ** -130)
+    tiny = (F16_SAMPLE[:16 * 8].astype(np.float32) * np.float32(2.0 ** -128)).reshape(8, 16)
+    changed = False
+    for x in (f16, f32, tiny):
+        plain = qemu_q.nvfp4_quantize(x, recipe=recipe)
+        for mode in ("half_even", "up", "stochastic"):
+            words = words_for(x.shape, 8) if mode == "stochastic" else None
+            want_codes, want_scales = nvfp4_flush_oracle(x, recipe, mode, subnormals, words)
+            for threads in (1, 3):
+                codes, scales, _ = qemu_q.nvfp4_quantize(
+                    x, recipe=recipe, datapath=qemu_q.Datapath(rounding=mode, subnormals=subnormals),
+                    random_bits=words, n_threads=threads)
+                assert codes.view(np.uint8).tolist() == want_codes.tolist(), (x.dtype, mode, threads)
+                assert scales.view(np.uint8).tolist() == want_scales.tolist(), (x.dtype, mode, threads)
+            if mode == "half_even":
+                changed |= codes.tobytes() != plain[0].tobytes() or scales.tobytes() != plain[1].tobytes()
+    assert changed  # the option acts on these inputs
+
+
+def test_nvfp4_flushed_tensor_amax_and_given_amax():
+    # A tensor of float32 subnormals: flushed, its amax is 0 (the recipes' zero-amax
+    # branches), and the returned global scale is the one of amax 0; a given global_amax is
+    # the caller's and is not flushed.
+    x = np.full((1, 16), np.float32(2.0 ** -130))
+    x[0, 1::2] = -x[0, 1::2]
+    for recipe in NV_RECIPES:
+        flushed = qemu_q.nvfp4_quantize(x, recipe=recipe, datapath=qemu_q.Datapath(subnormals="flush_inputs"))
+        zero = qemu_q.nvfp4_quantize(np.zeros((1, 16), np.float32), recipe=recipe)
+        assert flushed[2].tobytes() == zero[2].tobytes() == np.float32(no.global_parameters(recipe, 0.0)["decode"]).tobytes()
+        want_codes, want_scales = nvfp4_flush_oracle(x, recipe, "half_even", "flush_inputs")
+        assert flushed[0].view(np.uint8).tolist() == want_codes.tolist()
+        assert flushed[1].view(np.uint8).tolist() == want_scales.tolist()
+        given = qemu_q.nvfp4_quantize(x, recipe=recipe, global_amax=np.float32(2.0 ** -130),
+                                      datapath=qemu_q.Datapath(subnormals="flush_inputs"))
+        assert given[2].tobytes() == np.float32(no.global_parameters(recipe, np.float32(2.0 ** -130))["decode"]).tobytes()
 
 
 def test_nvfp4_stochastic_word_alignment_and_2d_tiles():
@@ -325,6 +383,8 @@ def test_every_option_same_bits_on_every_level_and_thread_count():
         "mxint8": lambda n: qemu_q.mx_quantize(x, "int8", n_threads=n, datapath=qemu_q.Datapath(rounding="to_odd")),
         "nvfp4": lambda n: qemu_q.nvfp4_quantize(x, recipe="torchao", n_threads=n, random_bits=words,
                                                  datapath=qemu_q.Datapath(rounding="stochastic"))[:2],
+        "nvfp4_flush": lambda n: qemu_q.nvfp4_quantize(x * np.float32(2.0 ** -120), recipe="modelopt", n_threads=n,
+                                                       datapath=qemu_q.Datapath(subnormals="flush_both"))[:2],
         "qlinear": lambda n: (qemu_q.qlinear_matmul(
             a, np.float32(0.37), np.int8(1), a, np.float32(0.05), np.int8(-2), np.float32(0.5), np.int8(3),
             n_threads=n, datapath=qemu_q.Datapath(rounding="half_away", requantization="float32",

@@ -311,6 +311,101 @@ def test_dequantize_wide_codes(codes):
             check(got, want, f"{x.dtype} {rounding} {out}")
 
 
+# 9- to 16-bit family minifloats (qemu_q.minifloat_type, x_dtype=): each one's codes as the
+# bits of an IEEE type they are the top bits of, so that numpy/ml_dtypes decode them
+# exactly (independent of qemu_q's decoder): (make, storage dtype, the IEEE view, shift,
+# smallest normal).
+WIDE_MINIFLOATS = {
+    "e5m3_inf": (lambda: qemu_q.minifloat_type(5, 3, inf=True), np.float16, 7, 2.0 ** -14),
+    "e5m10_inf": (lambda: qemu_q.minifloat_type(5, 10, inf=True), np.float16, 0, 2.0 ** -14),
+    "e8m7_inf": (lambda: qemu_q.minifloat_type(8, 7, inf=True), ml_dtypes.bfloat16, 0, 2.0 ** -126),
+}
+
+
+def wide_minifloat_codes(name: str):
+    """Every code of the format (uint16 storage) and its exact value (float64, NaN with the
+    code's sign)."""
+    make, view, shift, _ = WIDE_MINIFLOATS[name]
+    etype = make()
+    codes = np.arange(1 << etype.bits, dtype=np.uint32)
+    with np.errstate(invalid="ignore"):  # signalling NaN patterns among the codes
+        values = (codes << shift).astype(np.uint16).view(view).astype(np.float64)
+    # quiet NaNs with the code's sign (the NaN's payload plays no part)
+    values = np.where(np.isnan(values), np.copysign(np.nan, np.where(codes >> (etype.bits - 1), -1.0, 1.0)),
+                      values)
+    return etype, codes.astype(np.uint16), values
+
+
+@pytest.mark.parametrize("name", list(WIDE_MINIFLOATS))
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_dequantize_wide_minifloat_codes_every_rounding(name, rounding):
+    # DequantizeLinear's datapath steps on 9- to 16-bit minifloat codes, as on the 8-bit
+    # float codes: the product rounded by the mode into each output type.
+    etype, codes, values = wide_minifloat_codes(name)
+    words = words_for(codes.shape, 21) if rounding == "stochastic" else None
+    for scale in (0.1, -3.3, 1.9e-39):
+        s = np.float32(scale)
+        for out in ("float32", "float16", "bfloat16"):
+            datapath = {"rounding": rounding}
+            got = qemu_q.dequantize_linear(codes, s, x_dtype=etype, output_dtype=out, datapath=dp(**datapath),
+                                           random_bits=words)
+            want = dq_oracle(values, float(s), "float", out, datapath, words, WIDE_MINIFLOATS[name][3])
+            check(got, want, f"{name} * {float(s)!r} -> {out} {datapath}")
+
+
+@pytest.mark.parametrize("name", list(WIDE_MINIFLOATS))
+@pytest.mark.parametrize("subnormals", SUBNORMALS)
+def test_dequantize_wide_minifloat_subnormals_nan_and_precision(name, subnormals):
+    etype, codes, values = wide_minifloat_codes(name)
+    for datapath in ({"subnormals": subnormals, "nan": "canonical"},
+                     {"subnormals": subnormals, "rounding": "up"},
+                     {"subnormals": subnormals, "scale_precision": "float32", "rounding": "toward_zero"},
+                     {"subnormals": subnormals, "scale_precision": "float64"}):
+        for scale in (1.9e-39, 2.0 ** -20 * 1.3, 1.0 / 3.0):
+            s = np.float32(scale)
+            for out in ("float32", "float16", "bfloat16"):
+                for threads in (1, 3):
+                    got = qemu_q.dequantize_linear(codes, s, x_dtype=etype, output_dtype=out,
+                                                   datapath=dp(**datapath), n_threads=threads)
+                    want = dq_oracle(values, float(s), "float", out, datapath, None, WIDE_MINIFLOATS[name][3])
+                    check(got, want, f"{name} * {float(s)!r} -> {out} {datapath} threads {threads}")
+
+
+def test_dequantize_wide_minifloat_options_change_bits_and_levels_agree():
+    # The options act (a test that could not fail otherwise): flushing the inputs zeroes the
+    # subnormal codes, ties-away and toward-zero differ; every level and thread count agrees.
+    etype, codes, values = wide_minifloat_codes("e5m10_inf")
+    s = np.float32(0.1)
+    keep = qemu_q.dequantize_linear(codes, s, x_dtype=etype, datapath=dp(rounding="toward_zero"))
+    flushed = qemu_q.dequantize_linear(codes, s, x_dtype=etype, datapath=dp(rounding="toward_zero",
+                                                                             subnormals="flush_inputs"))
+    subnormal = (values != 0) & (np.abs(values) < 2.0 ** -14)
+    assert subnormal.sum() == 2 * 1023
+    assert np.all(flushed[subnormal] == 0) and np.all(keep[subnormal] != 0)
+    assert not np.array_equal(bits(keep), bits(qemu_q.dequantize_linear(codes, s, x_dtype=etype)))
+    words = words_for(codes.shape, 5)
+    datapath = dp(rounding="stochastic", subnormals="flush_both", scale_precision="float64")
+    level = _kernels.active.level
+    runs = []
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            for threads in (1, 2, 3):
+                runs.append(bits(qemu_q.dequantize_linear(codes, s, x_dtype=etype, output_dtype="bfloat16",
+                                                          datapath=datapath, random_bits=words,
+                                                          n_threads=threads)).tolist())
+    finally:
+        _kernels.use(level)
+    assert all(run == runs[0] for run in runs)
+    want = dq_oracle(values, float(s), "float", "bfloat16",
+                     {"rounding": "stochastic", "subnormals": "flush_both", "scale_precision": "float64"},
+                     words, 2.0 ** -14)
+    check(np.array(runs[0], np.uint16).view(ml_dtypes.bfloat16), want, "levels")
+    with pytest.raises(ValueError, match=r"random_bits has shape \(3,\)"):
+        qemu_q.dequantize_linear(codes, s, x_dtype=etype, datapath=dp(rounding="stochastic"),
+                                 random_bits=np.zeros(3, np.uint32))
+
+
 def test_dequantize_packed_and_blocked_follow_the_datapath():
     rng = np.random.default_rng(2)
     x = rng.integers(-8, 8, size=(6, 64)).astype(ml_dtypes.int4)

@@ -233,22 +233,6 @@ def test_matmul_integer_and_conv_integer_ignore_the_steps_they_lack():
         assert qemu_q.conv_integer(x, w, datapath=datapath).tolist() == conv_plain.tolist()
 
 
-@pytest.mark.parametrize("field,value", [("scale", "reciprocal"), ("scale_precision", "float32"),
-                                         ("subnormals", "flush_inputs"), ("rounding", "stochastic")])
-def test_qlinear_refuses_the_options_it_does_not_implement(field, value):
-    kwargs = {field: value}
-    if field == "scale":
-        kwargs["scale_precision"] = "float64"
-    datapath = qemu_q.Datapath(**kwargs)
-    one, zero = np.float32(1.0), np.int8(0)
-    a = np.ones((1, 1), np.int8)
-    with pytest.raises(ValueError, match=f"QLinearMatMul: datapath {field}={value!r}"):
-        qemu_q.qlinear_matmul(a, one, zero, a, one, zero, one, zero, datapath=datapath)
-    x = a.reshape(1, 1, 1, 1)
-    with pytest.raises(ValueError, match=f"QLinearConv: datapath {field}={value!r}"):
-        qemu_q.qlinear_conv(x, one, zero, x, one, zero, one, zero, datapath=datapath)
-
-
 def test_qlinear_scale_precision_float32_agrees_with_the_float32_rule():
     a = np.arange(-128, 128, dtype=np.int8).reshape(256, 1)
     b = np.array([[3, -7]], np.int8)
@@ -257,7 +241,373 @@ def test_qlinear_scale_precision_float32_agrees_with_the_float32_rule():
     y = qemu_q.qlinear_matmul(a, *args, datapath=agreed)
     assert y.tolist() == [[oracle_code(int(v) * int(c), 0.01, 0.3, 0.07, 1, "float32", "half_even") for c in b[0]]
                           for v in a[:, 0]]
+    # the float32 rule multiplies in float32: a float64 multiplier is refused with it
+    for op in ("matmul", "conv"):
+        with pytest.raises(ValueError, match="scale_precision='float64' with the 'float32' requantization rule"):
+            qlinear(op, np.ones((1, 1), np.int8), 1.0, 1.0, 1.0, 0, requantization="float32",
+                    datapath=qemu_q.Datapath(scale_precision="float64"))
+
+
+# --- the multiplier (scale, scale_precision), subnormals and stochastic rounding -------------
+
+def round_with(v: Fraction, mode: str, word: int) -> int:
+    negative = v < 0
+    n = do.round_magnitude(*do.split(abs(v), 0), negative, mode, word)
+    return -n if negative else n
+
+
+def multiplier_oracle(sa: Fraction, sb: Fraction, sy: Fraction, scale: str, precision: str) -> Fraction:
+    """docs/semantics.md, "The integer ops under a datapath": divide
+    round_P(round_P(sa * sb) / sy), reciprocal round_P(round_P(sa * sb) * round_P(1 / sy))."""
+    rp = fl32 if precision == "float32" else fl64
+    p = rp(sa * sb)
+    if scale == "divide":
+        return rp(p / sy)
+    return rp(p * rp(1 / sy))
+
+
+def datapath_code(acc: int, sa, sb, sy, zp: int, rule: str, mode: str, scale=None, precision=None,
+                  word: int = 0) -> int:
+    """One integer output (int8) under the rule, the datapath's multiplier (precision None:
+    the rule's own) and rounding mode, with the output's word for "stochastic"."""
+    sa, sb, sy = (Fraction(float(np.float32(s))) for s in (sa, sb, sy))
+    if precision is None:
+        if rule == "exact":
+            v = acc * sa * sb / sy
+        else:
+            m = fl32(fl32(sa * sb) / sy)
+    else:
+        m = multiplier_oracle(sa, sb, sy, scale, precision)
+        if rule == "exact":
+            v = acc * m
+    if rule == "exact":
+        r = round_with(v, mode, word) + zp
+    elif rule == "float32":
+        r = round_with(fl32(fl32(Fraction(acc)) * m), mode, word) + zp
+    else:
+        r = round_with(fl64(fl64(acc * m) + zp), mode, word)
+    return min(max(r, INT8[0]), INT8[1])
+
+
+def qlinear(op: str, a: np.ndarray, sa, sb, sy, zp, b=None, **kw) -> np.ndarray:
+    """QLinearMatMul of a [M, 1] by b [1, N] (default [[1]]), or the same products as a
+    QLinearConv of a 1x1 kernel (N output channels, M positions), as y [M, N] int8."""
+    b = np.ones((1, 1), np.int8) if b is None else b
+    one = np.int8(0)
+    sb_arr = np.float32(sb)
+    if op == "matmul":
+        b_zp = np.zeros(sb_arr.shape, np.int8)
+        return qemu_q.qlinear_matmul(a, np.float32(sa), one, b, sb_arr, b_zp, np.float32(sy), np.int8(zp), **kw)
+    x = np.ascontiguousarray(a.reshape(1, 1, a.shape[0], 1))
+    w = np.ascontiguousarray(b.T.reshape(b.shape[1], 1, 1, 1))
+    if "random_bits" in kw and kw["random_bits"] is not None:
+        kw["random_bits"] = np.ascontiguousarray(kw["random_bits"].T.reshape(1, b.shape[1], a.shape[0], 1))
+    w_zp = np.zeros(sb_arr.shape, np.int8)
+    y = qemu_q.qlinear_conv(x, np.float32(sa), one, w, sb_arr, w_zp, np.float32(sy), np.int8(zp), **kw)
+    return y.reshape(b.shape[1], a.shape[0]).T
+
+
+# Scale sets whose multipliers differ by precision and by divide / reciprocal at exact ties
+# (asserted below), so that the kernel's choice is visible; per-column b scales run the
+# element loop. Set 1: sa * sb / sy = 15/16 exactly in column 0 (acc = 8 mod 16 are ties),
+# fl32(1 / sy) puts the float32 reciprocal's m above 15/16, fl64(1 / sy) the float64 one
+# below. Set 2: sa * sb = 1 - 2**-30 is 1 in float32, so m = 1/2 (odd acc are ties) in
+# float32 and just below in float64.
+SY1 = 1.5543136596679688
+SCALE_SETS = [(1.0, np.float32([SY1 * 15 / 16, 0.3, 1.1, 0.013, 3.0]), SY1),
+              (1.0 + 2.0 ** -15, np.float32([1.0 - 2.0 ** -15, 0.7, 0.1, 1.0, 2.5]), 2.0)]
+SA, SB, SY = 0.1, np.float32([0.3, 0.7, 1.1, 0.013, 3.0]), 0.7
+MULTIPLIERS = [("divide", "float32"), ("reciprocal", "float32"), ("divide", "float64"),
+               ("reciprocal", "float64")]
+
+
+def test_the_chosen_scales_tell_the_multipliers_apart():
+    assert float(np.float32(SY1 * 15 / 16)) == SY1 * 15 / 16  # exact: 20 significant bits
+    tables = {k: [[[datapath_code(int(v) * int(c), sa, float(sb_j), sy, 3, "exact", "half_even", *k)
+                    for c, sb_j in zip(B_CODES[0], sb)] for v in A_CODES[:, 0]] for sa, sb, sy in SCALE_SETS]
+              for k in MULTIPLIERS}
+    assert len({str(t) for t in tables.values()}) == 4  # four different answers
+
+
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+@pytest.mark.parametrize("scale,precision", MULTIPLIERS)
+def test_qlinear_multiplier_by_the_datapath(rule, scale, precision):
+    datapath = qemu_q.Datapath(scale=scale, scale_precision=precision, requantization=rule)
+    if rule == "float32" and precision == "float64":
+        with pytest.raises(ValueError, match="QLinearMatMul: datapath scale_precision='float64'"):
+            qlinear("matmul", A_CODES, SA, SB, SY, 3, B_CODES, datapath=datapath)
+        return
+    for mode in ("half_even", "half_away", "down"):
+        dp_mode = qemu_q.Datapath(scale=scale, scale_precision=precision, requantization=rule, rounding=mode)
+        for sa, sb_all, sy in SCALE_SETS + [(SA, SB, SY)]:
+            for sb in (sb_all, np.float32(sb_all[0])):
+                sbs = np.broadcast_to(sb, (5,))
+                want = [[datapath_code(int(v) * int(c), sa, float(sbs[j]), sy, 3, rule, mode, scale,
+                                       precision) for j, c in enumerate(B_CODES[0])] for v in A_CODES[:, 0]]
+                for op in ("matmul", "conv"):
+                    for threads in (1, 3):
+                        y = qlinear(op, A_CODES, sa, sb, sy, 3, B_CODES, datapath=dp_mode, n_threads=threads)
+                        assert y.tolist() == want, (op, mode, threads, sb.shape, sa, sy)
+
+
+def test_qlinear_multiplier_extremes():
+    # A zero multiplier (float32 underflow of sa * sb) gives the zero point; an infinite one
+    # (1 / y_scale overflowing float32) saturates by the sign of acc, and 0 * inf is NaN
+    # (nan_to_integer); float64 keeps both finite.
+    a = np.array([[-3], [0], [5]], np.int8)
+    tiny = float(np.float32(2.0 ** -100))
     for rule in ("exact", "float64"):
-        with pytest.raises(ValueError, match="QLinearMatMul: datapath scale_precision='float32'"):
-            qemu_q.qlinear_matmul(a, *args, requantization=rule,
-                                  datapath=qemu_q.Datapath(scale_precision="float32"))
+        y = qlinear("matmul", a, tiny, tiny, 1.0, 7, datapath=qemu_q.Datapath(
+            scale_precision="float32", requantization=rule, nan_to_integer="max"))
+        assert y.ravel().tolist() == [7, 7, 7]
+        y = qlinear("matmul", a, 1.0, 1.0, 2.0 ** -140, 7, datapath=qemu_q.Datapath(
+            scale="reciprocal", scale_precision="float32", requantization=rule, nan_to_integer="zero"))
+        assert y.ravel().tolist() == [-128, 7, 127]
+        y = qlinear("matmul", a, 1.0, 1.0, 2.0 ** -140, 7, datapath=qemu_q.Datapath(
+            scale="reciprocal", scale_precision="float64", requantization=rule))
+        assert y.ravel().tolist() == [-128, 7, 127]  # finite, huge: saturated; 0 -> zp
+    # a 21-bit accumulator times a 24- or 53-bit multiplier: the exact product, rounded once
+    acc_a = np.full((1, 64), 127, np.int8)
+    acc_b = np.full((64, 1), 127, np.int8)
+    sy = float(np.float32(127 * 127 * 64 / 100.5))
+    for precision in ("float32", "float64"):
+        for scale in ("divide", "reciprocal"):
+            y = qemu_q.qlinear_matmul(acc_a, np.float32(1.0), np.int8(0), acc_b, np.float32(1.0), np.int8(0),
+                                      np.float32(sy), np.int8(0), datapath=qemu_q.Datapath(
+                                          scale=scale, scale_precision=precision, rounding="half_away"))
+            want = datapath_code(127 * 127 * 64, 1.0, 1.0, sy, 0, "exact", "half_away", scale, precision)
+            assert y.tolist() == [[want]]
+
+
+@pytest.mark.parametrize("rule", ["exact", "float32", "float64"])
+def test_qlinear_stochastic_rounding_with_random_bits(rule):
+    rng = np.random.default_rng(15)
+    for op in ("matmul", "conv"):
+        words = rng.integers(0, 2**32, size=(256, 5), dtype=np.uint32)
+        for multiplier in ((None, None), ("reciprocal", "float32")):
+            datapath = qemu_q.Datapath(rounding="stochastic", requantization=rule, scale=multiplier[0] or "divide",
+                                       scale_precision=multiplier[1])
+            want = [[datapath_code(int(v) * int(c), SA, float(SB[j]), SY, 3, rule, "stochastic", *multiplier,
+                                   word=int(words[i, j]))
+                     for j, c in enumerate(B_CODES[0])] for i, v in enumerate(A_CODES[:, 0])]
+            for threads in (1, 2, 3):
+                y = qlinear(op, A_CODES, SA, SB, SY, 3, B_CODES, datapath=datapath, random_bits=words,
+                            n_threads=threads)
+                assert y.tolist() == want, (op, multiplier, threads)
+    # the word is a 32-bit fraction of the output's unit: acc / 4 = k + 1/4 rounds up
+    # exactly when the word is >= 0xC0000000
+    a = np.full((4, 1), 5, np.int8)
+    words = np.array([[0xBFFFFFFF], [0xC0000000], [0], [0xFFFFFFFF]], np.uint32)
+    y = qlinear("matmul", a, 1.0, 1.0, 4.0, 0, random_bits=words,
+                datapath=qemu_q.Datapath(rounding="stochastic", requantization=rule))
+    assert y.ravel().tolist() == [1, 2, 1, 2]
+
+
+def test_qlinear_stochastic_batched_words_follow_y():
+    # a batched matmul with per-column, per-batch b scales runs one kernel call per item:
+    # each takes its own slice of the words (y's C order)
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, size=(3, 4, 6), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(3, 6, 5), dtype=np.int8)
+    b_scale = np.float32([0.3, 0.7, 1.1, 0.013, 3.0])
+    words = rng.integers(0, 2**32, size=(3, 4, 5), dtype=np.uint32)
+    y = qemu_q.qlinear_matmul(a, np.float32(0.1), np.int8(0), b, b_scale, np.zeros(5, np.int8), np.float32(0.7),
+                              np.int8(-2), datapath=qemu_q.Datapath(rounding="stochastic"), random_bits=words)
+    acc = a.astype(np.int64) @ b.astype(np.int64)
+    want = [[[datapath_code(int(acc[t, i, j]), 0.1, float(b_scale[j]), 0.7, -2, "exact", "stochastic",
+                            word=int(words[t, i, j])) for j in range(5)] for i in range(4)] for t in range(3)]
+    assert y.tolist() == want
+
+
+def test_qlinear_random_bits_checks():
+    a = np.ones((2, 1), np.int8)
+    sto = qemu_q.Datapath(rounding="stochastic")
+    for op in ("matmul", "conv"):
+        with pytest.raises(ValueError, match="needs random_bits=, a uint32 array of y's shape"):
+            qlinear(op, a, 1.0, 1.0, 1.0, 0, datapath=sto)
+        with pytest.raises(ValueError, match="random_bits is given but datapath.rounding='half_even'"):
+            qlinear(op, a, 1.0, 1.0, 1.0, 0, random_bits=np.zeros((2, 1), np.uint32))
+        with pytest.raises(TypeError, match="random_bits must be a numpy uint32 array, got int64"):
+            qlinear(op, a, 1.0, 1.0, 1.0, 0, datapath=sto, random_bits=np.zeros((2, 1), np.int64))
+    with pytest.raises(ValueError, match=r"random_bits has shape \(2,\); y has shape \(2, 1\)"):
+        qlinear("matmul", a, 1.0, 1.0, 1.0, 0, datapath=sto, random_bits=np.zeros(2, np.uint32))
+    x = np.ones((1, 1, 2, 1), np.int8)
+    with pytest.raises(ValueError, match=r"random_bits has shape \(2, 1\); y has shape \(1, 1, 2, 1\)"):
+        qemu_q.qlinear_conv(x, np.float32(1.0), np.int8(0), np.ones((1, 1, 1, 1), np.int8), np.float32(1.0),
+                            np.int8(0), np.float32(1.0), np.int8(0), datapath=sto,
+                            random_bits=np.zeros((2, 1), np.uint32))
+    # the caller's words are read, never written
+    words = np.arange(2, dtype=np.uint32).reshape(2, 1) * np.uint32(0x7FFFFFFF)
+    before = words.copy()
+    qlinear("matmul", a, 1.0, 1.0, 3.0, 0, datapath=sto, random_bits=words)
+    assert words.tolist() == before.tolist()
+
+
+def test_qlinear_subnormal_scales_flush():
+    a = np.array([[-100], [0], [100]], np.int8)
+    sub = float(np.float32(1e-39))  # float32 subnormal
+    for rule in ("exact", "float32", "float64"):
+        for flush in ("flush_inputs", "flush_both"):
+            datapath = qemu_q.Datapath(subnormals=flush, requantization=rule)
+            for op in ("matmul", "conv"):
+                # a_scale (or x_scale) flushed: multiplier 0, every output the zero point
+                assert qlinear(op, a, sub, 1.0, 1.0, 7, datapath=datapath).ravel().tolist() == [7, 7, 7]
+                # y_scale flushed: +-acc / 0 saturates, 0 / 0 is NaN (nan_to_integer "min")
+                assert qlinear(op, a, 1.0, 1.0, sub, 7, datapath=datapath).ravel().tolist() == [-128, -128, 127]
+                # kept: a subnormal a_scale times a large b_scale is a normal multiplier
+                kept = qlinear(op, a, sub, 2.0 ** 127, 1.0, 7, datapath=qemu_q.Datapath(requantization=rule))
+                assert kept.ravel().tolist() == [datapath_code(int(v), sub, 2.0 ** 127, 1.0, 7, rule, "half_even")
+                                                 for v in a[:, 0]]
+                assert kept.ravel().tolist() != [7, 7, 7]
+    # float16 scales (QLinearMatMul-21) flush below float16's smallest normal, 2**-14
+    h = np.float16(2.0 ** -15)
+    a3 = np.array([[-3], [0], [5]], np.int8)
+    y = qemu_q.qlinear_matmul(a3, h, np.int8(0), np.ones((1, 1), np.int8), np.float16(32768.0), np.int8(0),
+                              np.float16(1.0), np.int8(7), opset=21, datapath=qemu_q.Datapath(subnormals="flush_inputs"))
+    assert y.ravel().tolist() == [7, 7, 7]
+    y = qemu_q.qlinear_matmul(a3, h, np.int8(0), np.ones((1, 1), np.int8), np.float16(32768.0), np.int8(0),
+                              np.float16(1.0), np.int8(7), opset=21)
+    assert y.ravel().tolist() == [4, 7, 12]  # kept: the multiplier is 2**-15 * 2**15 = 1
+    # flush_outputs changes no integer output
+    y = qlinear("matmul", a, sub, 2.0 ** 127, 1.0, 7, datapath=qemu_q.Datapath(subnormals="flush_outputs"))
+    assert y.ravel().tolist() == [datapath_code(int(v), sub, 2.0 ** 127, 1.0, 7, "exact", "half_even")
+                                  for v in a[:, 0]]
+
+
+def test_qlinear_float8_output_flush_and_stochastic():
+    # QLinearMatMul-21 into float8e4m3fn: acc / 2**12 puts results among e4m3fn's
+    # subnormals (below 2**-6), flushed to zeros of their sign after rounding.
+    a = np.arange(-128, 128, dtype=np.int8).reshape(256, 1)
+    b = np.array([[1, 3]], np.int8)
+    zp = np.zeros((), ml_dtypes.float8_e4m3fn)
+    for subnormals in ("flush_outputs", "flush_both", "keep"):
+        for rule in ("exact", "float32", "float64"):
+            y = qemu_q.qlinear_matmul(a, np.float32(1.0), np.int8(0), b, np.float32(1.0), np.int8(0),
+                                      np.float32(4096.0), zp, opset=21, requantization=rule,
+                                      datapath=qemu_q.Datapath(subnormals=subnormals, rounding="up"))
+            want = []
+            for v in a[:, 0]:
+                for c in b[0]:
+                    q = Fraction(int(v) * int(c), 4096)
+                    want.append(do.to_small_float(q, q < 0, "float8_e4m3fn",
+                                                  {"rounding": "up", "subnormals": subnormals}, 0, 1, 21))
+            assert y.view(np.uint8).ravel().tolist() == want, (subnormals, rule)
+    # stochastic into float8: the float32 rule's value, the word aligned on its dropped bits
+    words = np.random.default_rng(4).integers(0, 2**32, size=(256, 2), dtype=np.uint32)
+    sy = 0.37
+    for threads in (1, 3):
+        y = qemu_q.qlinear_matmul(a, np.float32(1.0), np.int8(0), b, np.float32(1.0), np.int8(0),
+                                  np.float32(sy), zp, opset=21, requantization="float32", n_threads=threads,
+                                  datapath=qemu_q.Datapath(rounding="stochastic"), random_bits=words)
+        m = fl32(Fraction(1) / Fraction(float(np.float32(sy))))  # fl32(fl32(1 * 1) / sy)
+        want = []
+        for i, v in enumerate(a[:, 0]):
+            for j, c in enumerate(b[0]):
+                q = fl32(fl32(Fraction(int(v) * int(c))) * m)
+                want.append(do.to_small_float(q, q < 0, "float8_e4m3fn", {"rounding": "stochastic"},
+                                              int(words[i, j]), 1, 21))
+        assert y.view(np.uint8).ravel().tolist() == want
+    for rule in ("exact", "float64"):
+        with pytest.raises(ValueError, match=f"into a float8 output \\(float8e4m3fn\\) needs requantization='float32' \\(got '{rule}'\\)"):
+            qemu_q.qlinear_matmul(a, np.float32(1.0), np.int8(0), b, np.float32(1.0), np.int8(0), np.float32(sy),
+                                  zp, opset=21, requantization=rule, datapath=qemu_q.Datapath(rounding="stochastic"),
+                                  random_bits=words)
+
+
+def test_qlinear_float8_operands_take_the_datapath_multiplier():
+    # QLinearMatMul-21 with float8e4m3fn a: the exact sum S times the datapath's multiplier
+    a = np.arange(0, 256, 3, dtype=np.uint8)[:80].view(ml_dtypes.float8_e4m3fn).reshape(80, 1)
+    a = np.where(np.isfinite(a.astype(np.float32)), a, np.zeros_like(a)).astype(ml_dtypes.float8_e4m3fn)
+    b = np.array([[1, -3]], np.int8)
+    zp8 = np.zeros((), ml_dtypes.float8_e4m3fn)
+    for rule in ("exact", "float64", "float32"):
+        for scale, precision in (("reciprocal", "float32"), ("divide", "float64")):
+            if rule == "float32" and precision == "float64":
+                continue
+            for mode in ("half_even", "stochastic"):
+                words = np.random.default_rng(9).integers(0, 2**32, size=(80, 2), dtype=np.uint32) \
+                    if mode == "stochastic" else None
+                y = qemu_q.qlinear_matmul(a, np.float32(SA), zp8, b, np.float32(1.3), np.int8(0), np.float32(SY),
+                                          np.int8(1), opset=21, requantization=rule, random_bits=words,
+                                          datapath=qemu_q.Datapath(scale=scale, scale_precision=precision,
+                                                                   rounding=mode))
+                want = []
+                for i, v in enumerate(a[:, 0]):
+                    for j, c in enumerate(b[0]):
+                        s = Fraction(float(v.astype(np.float32))) * int(c)
+                        m = multiplier_oracle(Fraction(float(np.float32(SA))), Fraction(float(np.float32(1.3))),
+                                              Fraction(float(np.float32(SY))), scale, precision)
+                        word = int(words[i, j]) if words is not None else 0
+                        if rule == "exact":
+                            r = round_with(s * m, mode, word) + 1
+                        elif rule == "float32":
+                            r = round_with(fl32(fl32(s) * m), mode, word) + 1
+                        else:
+                            r = round_with(fl64(fl64(fl64(s) * m) + 1), mode, word)
+                        want.append(min(max(r, -128), 127))
+                assert y.ravel().tolist() == want, (rule, scale, precision, mode)
+
+
+def test_qlinear_options_same_bits_on_every_level_and_thread_count():
+    from qemu_q import _kernels
+
+    rng = np.random.default_rng(7)
+    a = rng.integers(-128, 128, size=(37, 29), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(29, 23), dtype=np.int8)
+    words = rng.integers(0, 2**32, size=(37, 23), dtype=np.uint32)
+    datapaths = [qemu_q.Datapath(rounding="stochastic", scale="reciprocal", scale_precision="float32"),
+                 qemu_q.Datapath(rounding="stochastic", requantization="float64", subnormals="flush_both"),
+                 qemu_q.Datapath(scale="reciprocal", scale_precision="float64", rounding="to_odd")]
+    level = _kernels.active.level
+    runs = {}
+    try:
+        for lv in _kernels.available_levels():
+            _kernels.use(lv)
+            for n in (1, 2, 3):
+                for k, datapath in enumerate(datapaths):
+                    bits = words if datapath.rounding == "stochastic" else None
+                    y = qemu_q.qlinear_matmul(a, np.float32(0.02), np.int8(1), b, np.float32(0.05), np.int8(-2),
+                                              np.float32(0.9), np.int8(3), n_threads=n, datapath=datapath,
+                                              random_bits=bits)
+                    runs.setdefault(k, []).append(y.tobytes())
+    finally:
+        _kernels.use(level)
+    for k, results in runs.items():
+        assert all(r == results[0] for r in results), datapaths[k]
+
+
+def test_qlinear_default_datapath_changes_no_bit():
+    rng = np.random.default_rng(1)
+    a = rng.integers(-128, 128, size=(17, 9), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(9, 11), dtype=np.int8)
+    args = (np.float32(0.02), np.int8(1), b, np.float32(0.05), np.int8(-2), np.float32(0.9), np.int8(3))
+    for rule in ("exact", "float32", "float64"):
+        plain = qemu_q.qlinear_matmul(a, *args, requantization=rule)
+        assert qemu_q.qlinear_matmul(a, *args, requantization=rule, datapath=qemu_q.Datapath()).tobytes() == plain.tobytes()
+        acc = (a.astype(np.int64) - 1) @ (b.astype(np.int64) + 2)
+        assert plain.tolist() == [[datapath_code(int(v), 0.02, 0.05, 0.9, 3, rule, "half_even") for v in row]
+                                  for row in acc]
+
+
+def test_qlinear_float8_sums_beyond_64_bits_take_the_exact_multiplier():
+    # float8e5m2 operands: each value an integer times 2**-16, so a sum of four products of
+    # values near 57344 is an integer times 2**-32 beyond 2**64: the exact product with the
+    # datapath's multiplier runs in 192 bits.
+    big = [57344.0, -57344.0, 49152.0, 40960.0, 61440.0 / 2, 57344.0]
+    a = np.array([[big[(i + k) % 6] for k in range(4)] for i in range(6)], ml_dtypes.float8_e5m2)
+    b = np.array([[57344.0, 49152.0], [57344.0, -57344.0], [49152.0, 40960.0], [57344.0, 57344.0]],
+                 ml_dtypes.float8_e5m2)
+    zp = np.zeros((), ml_dtypes.float8_e5m2)
+    sa, sb, sy = 2.0 ** -15, 2.0 ** -15, 3.0
+    sums = (a.astype(np.float64) @ b.astype(np.float64))
+    assert np.abs(sums).max() * 2.0 ** 32 > 2.0 ** 64
+    for scale, precision in (("divide", "float64"), ("reciprocal", "float32"), ("divide", "float32")):
+        for mode in ("half_even", "half_away", "down"):
+            y = qemu_q.qlinear_matmul(a, np.float32(sa), zp, b, np.float32(sb), zp, np.float32(sy), np.int8(-5),
+                                      opset=21, datapath=qemu_q.Datapath(scale=scale, scale_precision=precision,
+                                                                         rounding=mode))
+            m = multiplier_oracle(Fraction(sa), Fraction(sb), Fraction(sy), scale, precision)
+            want = [[min(max(round_with(sum(Fraction(float(a[i, k])) * Fraction(float(b[k, j])) for k in range(4))
+                                        * m, mode, 0) - 5, -128), 127) for j in range(2)] for i in range(6)]
+            assert y.tolist() == want, (scale, precision, mode)
+            assert len({v for row in want for v in row}) > 3  # not all saturated

@@ -206,56 +206,98 @@ def check_same_shape(where: str, scale_name: str, scale: np.ndarray, zp_name: st
 
 # --- requantization -----------------------------------------------------------------------
 
-# The datapath's output options of the QLinear ops (qemu_q.datapath.qlinear_options):
-# (rounding, nan_to_integer, nan); the ONNX ones change nothing.
-ONNX_OUTPUT = ("half_even", "min", "spec")
+# The datapath's options of the QLinear requantization (qemu_q.datapath.qlinear_options):
+# (rounding, nan_to_integer, nan, subnormals, multiplier code); the ONNX ones change nothing.
+ONNX_OUTPUT = ("half_even", "min", "spec", "keep", 0)
+
+# The smallest normal of each scale type (datapath subnormals "flush_inputs").
+_SCALE_MIN_NORMAL = {"float": 2.0 ** -126, "float16": 2.0 ** -14, "bfloat16": 2.0 ** -126}
 
 
 def _output_codes(output) -> dict:
     from ..datapath import NANS_TO_INTEGER, ROUND_CODES
 
-    rounding, nan_to_integer, _ = output
-    return dict(rounding=ROUND_CODES[rounding], nan_to_integer=NANS_TO_INTEGER.index(nan_to_integer))
+    rounding, nan_to_integer = output[:2]
+    return dict(rounding=ROUND_CODES[rounding], nan_to_integer=NANS_TO_INTEGER.index(nan_to_integer),
+                multiplier=output[4])
+
+
+def flush_scales(output, scale_type: ElementType, *scales):
+    """The scales (float32 arrays or scalars, values of `scale_type`) with the datapath's
+    subnormals "flush_inputs"/"flush_both": a scale subnormal in its own type becomes a
+    zero of its sign (the multiplier is then formed from it: docs/semantics.md). A few
+    values per call (one per row, column or tensor), never per output element; the
+    caller's arrays are not written."""
+    if output[3] not in ("flush_inputs", "flush_both"):
+        return scales
+    tiny = np.float32(_SCALE_MIN_NORMAL[scale_type.name])
+    flushed = []
+    for scale in scales:
+        array = np.asarray(scale, dtype=np.float32)
+        result = np.where(np.abs(array) < tiny, np.copysign(np.float32(0.0), array), array).astype(np.float32)
+        flushed.append(result if array.ndim else np.float32(result))
+    return tuple(flushed)
+
+
+def check_stochastic_output(output, y_type: ElementType, rule: str, where: str) -> None:
+    """Float8 outputs under "stochastic": the word is added to the dropped bits of the
+    value the float8 encoder rounds, which only the "float32" rule holds exactly (a float32
+    value); "exact" and "float64" hold it rounded to odd at 24 bits, too short for 32
+    random bits past e4m3's or e5m2's mantissa."""
+    if output[0] == "stochastic" and y_type.kind == "small_float" and rule != "float32":
+        raise ValueError(
+            f"{where}: datapath rounding='stochastic' into a float8 output ({y_type.name}) needs "
+            f"requantization='float32' (got {rule!r}): the value the random word is added to must "
+            "be held exactly, and only that rule's float32 value is; integer outputs take every rule")
 
 
 def requantize(acc: np.ndarray, row_scale: np.ndarray, col_scale: np.ndarray, y_scale: float,
                y_zero_point: np.ndarray, y_type: ElementType, scale_type: ElementType,
-               rule: str, opset, n_threads, output=ONNX_OUTPUT) -> np.ndarray:
+               rule: str, opset, n_threads, output=ONNX_OUTPUT, words=None) -> np.ndarray:
     """acc int32 [rows, cols] -> codes of y_type [rows, cols] under `rule`; row_scale and
     col_scale (float32, [rows] and [cols]) multiply, y_scale divides; `output` the
-    datapath's (rounding, nan_to_integer, nan)."""
+    datapath's options (ONNX_OUTPUT); `words` uint32 [rows * cols] with "stochastic"."""
     acc = np.ascontiguousarray(acc, dtype=np.int32)
     threads = resolve_threads(n_threads, acc.size)
     row_scale = np.ascontiguousarray(row_scale, dtype=np.float32)
     col_scale = np.ascontiguousarray(col_scale, dtype=np.float32)
     module = _dispatch.entry_module(Path.REQUANTIZE)
     if y_type.kind == "small_float":
-        config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=True)
+        config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=True,
+                                         multiplier=output[4])
         values = np.empty(acc.shape, dtype=np.float32)
         _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), values, config, threads)
-        return encode_float8(values, y_zero_point, opset, output)
+        return encode_float8(values, y_zero_point, opset, output, words)
     zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
     config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=False,
                                      zero_point=zero_point, lo=y_type.lo, hi=y_type.hi,
                                      **_output_codes(output))
     codes = np.empty(acc.shape, dtype=np.uint8)
-    _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), codes, config, threads)
+    _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), codes, config, threads,
+                  *(() if words is None else (words,)))
     return codes.view(y_type.dtype)
 
 
-def encode_float8(values: np.ndarray, y_zero_point: np.ndarray, opset, output=ONNX_OUTPUT) -> np.ndarray:
+def encode_float8(values: np.ndarray, y_zero_point: np.ndarray, opset, output=ONNX_OUTPUT,
+                  words=None) -> np.ndarray:
     """float32 values (rounded to odd, or the rule's float32 result) into the float8 type of
     y_zero_point by QuantizeLinear's rules with saturate=1 and the Cast table of `opset`;
     the division by a unit scale is exact. A datapath's rounding and nan (`output`) are
     QuantizeLinear's: a value rounded to odd at 24 bits rounds by any mode to float8's 3 or
-    2 mantissa bits as the exact value would."""
+    2 mantissa bits as the exact value would (but "stochastic": check_stochastic_output).
+    The datapath's output flush is QuantizeLinear's too (after rounding); its input flush
+    was applied to the scales already and must not touch these values."""
     from ..datapath import Datapath
     from .quantize_linear import quantize_linear
 
     zero_point = np.asarray(y_zero_point).reshape(())
-    rounding, _, nan = output
-    datapath = None if (rounding, nan) == (ONNX_OUTPUT[0], ONNX_OUTPUT[2]) else Datapath(rounding=rounding, nan=nan)
-    return quantize_linear(values, np.float32(1.0), zero_point, saturate=1, opset=opset, datapath=datapath)
+    rounding, _, nan, subnormals = output[:4]
+    subnormals = "flush_outputs" if subnormals in ("flush_outputs", "flush_both") else "keep"
+    datapath = (None if (rounding, nan, subnormals) == (ONNX_OUTPUT[0], ONNX_OUTPUT[2], ONNX_OUTPUT[3])
+                else Datapath(rounding=rounding, nan=nan, subnormals=subnormals))
+    bits = None if words is None else words.reshape(values.shape)
+    return quantize_linear(values, np.float32(1.0), zero_point, saturate=1, opset=opset, datapath=datapath,
+                           random_bits=bits)
 
 
 # --- QLinearMatMul-21 with a float8 operand ------------------------------------------------
@@ -274,7 +316,7 @@ def float_matmul_requantize(a_values: np.ndarray, a_bits: int, bt_values: np.nda
                             a_index: np.ndarray, b_index: np.ndarray, row_scale: np.ndarray,
                             col_scale: np.ndarray, y_scale, y_zero_point: np.ndarray,
                             y_type: ElementType, scale_type: ElementType, rule: str, opset,
-                            n_threads, output=ONNX_OUTPUT) -> np.ndarray:
+                            n_threads, output=ONNX_OUTPUT, words=None) -> np.ndarray:
     """QLinearMatMul-21 with a float8 operand (docs/semantics.md): a_values float64
     [A, M, K] and bt_values float64 [B, N, K] (b transposed), the operands' exact values,
     multiples of 2**-a_bits and 2**-b_bits (fraction_bits); each output's exact sum S (or
@@ -296,7 +338,7 @@ def float_matmul_requantize(a_values: np.ndarray, a_bits: int, bt_values: np.nda
     float_out = y_type.kind == "small_float"
     if float_out:
         config = module.FloatMatmulConfig(rule=rule, scale_format=scale_type.name, float_output=True,
-                                          shift=a_bits + b_bits)
+                                          shift=a_bits + b_bits, multiplier=output[4])
         out = np.empty((items * rows, cols), dtype=np.float32)
     else:
         zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
@@ -306,9 +348,10 @@ def float_matmul_requantize(a_values: np.ndarray, a_bits: int, bt_values: np.nda
         out = np.empty((items * rows, cols), dtype=np.uint8)
     _dispatch.run(Path.FLOAT_MATMUL, a_fixed, bt_fixed, a_values, bt_values, row_special, col_special,
                   np.ascontiguousarray(a_index, dtype=np.intp), np.ascontiguousarray(b_index, dtype=np.intp),
-                  row_scale, col_scale, np.float32(y_scale), out, config, threads)
+                  row_scale, col_scale, np.float32(y_scale), out, config, threads,
+                  *(() if words is None or float_out else (words,)))
     if float_out:
-        return encode_float8(out, y_zero_point, opset, output)
+        return encode_float8(out, y_zero_point, opset, output, words)
     return out.view(y_type.dtype)
 
 

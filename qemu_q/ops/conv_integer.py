@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..datapath import Datapath, as_datapath, integer_op_accumulator, qlinear_options
+from ..datapath import Datapath, as_datapath, check_random_bits, integer_op_accumulator, qlinear_options
 from .. import _coerce
 from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
@@ -289,12 +289,16 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
                  pads=None, strides=None, requantization: str = "exact",
                  accumulator: str = "int32", opset: int | None = None,
                  out: np.ndarray | None = None, n_threads: int | None = None,
-                 datapath: Datapath | None = None) -> np.ndarray:
+                 datapath: Datapath | None = None,
+                 random_bits: np.ndarray | None = None) -> np.ndarray:
     """ONNX QLinearConv-10: the ConvInteger accumulator plus the int32 bias B, requantized by
     `requantization` ("exact", the default; "float32": onnxruntime; "float64":
-    onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md)."""
-    requantization, accumulator, *output = qlinear_options(
-        as_datapath(datapath, op_type="QLinearConv", opset=normalize_opset(opset)), requantization, accumulator,
+    onnx.reference) with x_scale * w_scale / y_scale (docs/semantics.md). `datapath` (a
+    qemu_q.Datapath) changes the requantization (docs/semantics.md, "The integer ops under
+    a datapath"); with rounding="stochastic", `random_bits` is a uint32 array of y's shape,
+    one word per output element."""
+    datapath_resolved = as_datapath(datapath, op_type="QLinearConv", opset=normalize_opset(opset))
+    requantization, accumulator, *output = qlinear_options(datapath_resolved, requantization, accumulator,
                                                            "QLinearConv")
     output = tuple(output)
     resolve_threads(n_threads, 0)  # validated even when the output is empty
@@ -321,14 +325,21 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
         dp.element(spec, opset, "B", B)
         if B.shape != (plan.out_channels,):
             raise ValueError(f"{where}: B has shape {B.shape}; allowed: [{plan.out_channels}] (one per output channel)")
+    # the accumulators [N, M, positions] are y [N, M, *spatial] in C order: the words need
+    # no reordering
+    words = check_random_bits(random_bits, datapath_resolved, (plan.batch, plan.out_channels)
+                              + tuple(plan.out_spatial), "y")
     acc = _accumulate(plan, x, w, x_zero_point, w_zero_point, B, n_threads)
     positions = acc.shape[2]
     w_scales = np.broadcast_to(dp.scale_values(w_scale, where, "w_scale").reshape(-1), (plan.out_channels,))
     row_scale = np.tile(w_scales, plan.batch)
     col_scale = np.full(positions, np.float32(dp.scale_values(x_scale, where, "x_scale").reshape(-1)[0]), np.float32)
+    scale_type = dp.ELEMENT_TYPES["float"]
+    row_scale, col_scale, y_scale_value = dp.flush_scales(output, scale_type, row_scale, col_scale,
+                                                          np.float32(y_scale.reshape(-1)[0]))
     y = dp.requantize(dp.flatten_leading(acc, positions), row_scale, col_scale,
-                      np.float32(y_scale.reshape(-1)[0]), y_zero_point, y_type, dp.ELEMENT_TYPES["float"],
-                      rule, opset, n_threads, output)
+                      y_scale_value, y_zero_point, y_type, scale_type,
+                      rule, opset, n_threads, output, words)
     return _finish(plan, y, y_type, out, named + [("B", B)])
 
 

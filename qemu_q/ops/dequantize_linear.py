@@ -122,10 +122,6 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     use_datapath = datapath != ONNX
     if use_datapath:
         fast_kernels = False
-        if x_type.kind == "small_float" and x_type.storage.itemsize == 2:
-            raise ValueError(f"{where}: datapath options on the codes of a 9- to 16-bit minifloat "
-                             f"({x_type.name}) are not implemented; allowed: the ONNX datapath "
-                             "(datapath=None)")
     fields = dict(
         outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
         block_size=gran.block_size,

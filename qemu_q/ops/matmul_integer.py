@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..datapath import Datapath, as_datapath, integer_op_accumulator, qlinear_options
+from ..datapath import Datapath, as_datapath, check_random_bits, integer_op_accumulator, qlinear_options
 from .. import _coerce
 from .._dtypes import ElementType
 from .._opspec import get_spec, normalize_opset
@@ -202,14 +202,18 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
                    requantization: str = "exact", accumulator: str = "int32",
                    opset: int | None = None, out: np.ndarray | None = None,
                    n_threads: int | None = None,
-                   datapath: Datapath | None = None) -> np.ndarray:
+                   datapath: Datapath | None = None,
+                   random_bits: np.ndarray | None = None) -> np.ndarray:
     """ONNX QLinearMatMul-10/21: y = saturate(round(acc * a_scale * b_scale / y_scale) +
     y_zero_point) with the int32 accumulator acc of MatMulInteger. `requantization`:
     "exact" (the real value rounded once, ties to even; the default), "float32"
     (onnxruntime's float32 multiplier and product), "float64" (onnx.reference's order).
-    float8 operands (opset >= 21) are summed exactly (docs/semantics.md)."""
-    requantization, accumulator, *output = qlinear_options(
-        as_datapath(datapath, op_type="QLinearMatMul", opset=normalize_opset(opset)), requantization, accumulator,
+    float8 operands (opset >= 21) are summed exactly (docs/semantics.md). `datapath` (a
+    qemu_q.Datapath) changes the requantization (docs/semantics.md, "The integer ops under
+    a datapath"); with rounding="stochastic", `random_bits` is a uint32 array of y's shape,
+    one word per output element."""
+    datapath_resolved = as_datapath(datapath, op_type="QLinearMatMul", opset=normalize_opset(opset))
+    requantization, accumulator, *output = qlinear_options(datapath_resolved, requantization, accumulator,
                                                            "QLinearMatMul")
     output = tuple(output)
     resolve_threads(n_threads, 0)  # validated even when the output is empty
@@ -246,6 +250,10 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     col_scale_full = dp.flatten_leading(np.broadcast_to(
         dp.scale_values(b_scale, where, "b_scale").reshape(plan.b_zp_shape or ()), plan.batch + (1, n)), n)
     y_scale_value = np.float32(dp.scale_values(y_scale, where, "y_scale").reshape(-1)[0])
+    row_scale, col_scale_full, y_scale_value = dp.flush_scales(output, scale_type, row_scale, col_scale_full,
+                                                               y_scale_value)
+    dp.check_stochastic_output(output, y_type, rule, where)
+    words = check_random_bits(random_bits, datapath_resolved, plan.batch + (m, n), "y")
     items = int(np.prod(plan.batch, dtype=np.int64))
     if items == 0 or m == 0 or n == 0:
         return _finish(plan, np.zeros(plan.batch + (m, n), dtype=y_type.dtype), out, named)
@@ -257,19 +265,19 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
             np.swapaxes(dp.flatten_leading(b_vals, plan.depth, n), 1, 2), dp.fraction_bits(plan.b_type),
             dp.item_index(a_vals.shape[:-2], plan.batch), dp.item_index(b_vals.shape[:-2], plan.batch),
             row_scale, col_scale_full, y_scale_value, y_zero_point, y_type, scale_type, rule, opset,
-            n_threads, output).reshape(plan.batch + (m, n))
+            n_threads, output, words).reshape(plan.batch + (m, n))
     else:
         acc = dp.flatten_leading(_accumulate(plan, a3, b3, a_zero_point, b_zero_point, n_threads), n)
         if np.all(col_scale_full == col_scale_full[:1]) or items == 1:
             y = dp.requantize(acc, row_scale, col_scale_full[0],
                               y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads,
-                              output)
+                              output, words)
         else:
             # a batched per-column b_scale: one call per batch item
             y = np.concatenate([
                 dp.requantize(acc[i * m:(i + 1) * m], row_scale[i * m:(i + 1) * m], col_scale_full[i],
                               y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads,
-                              output)
+                              output, None if words is None else words[i * m * n:(i + 1) * m * n])
                 for i in range(items)])
     return _finish(plan, y, out, named)
 

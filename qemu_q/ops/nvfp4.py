@@ -80,13 +80,19 @@ def scales_shape(shape, axis: int) -> tuple[int, ...]:
 RECIPE_SCALE = {"transformer_engine": "reciprocal", "torchao": "reciprocal", "modelopt": "divide"}
 
 
+# The smallest normal of x's dtype (datapath subnormals="flush_inputs"): float16's, else
+# float32's (bfloat16 shares float32's exponent range).
+_X_MIN_NORMAL = {np.dtype(np.float16): 2.0 ** -14}
+
+
 def datapath_rounding(datapath, recipe: str) -> int:
     """The kernel's rounding code of the element under `datapath`, after checking the
     options a recipe fixes (docs/semantics.md, "Datapath options", NVFP4): `scale` other
     than the default must be the recipe's own (TE and torchao multiply by a reciprocal,
-    ModelOpt divides), `scale_precision` None or "float32" (every recipe computes in
-    float32), `subnormals` "keep" (the recipes' float32 steps keep them); a conflict is a
-    ValueError naming both. `nan` changes nothing (e2m1 has no NaN; the e4m3 NaN scale
+    ModelOpt divides), `scale_precision` None or "float32" (every recipe is a sequence of
+    float32 operations, several of them divisions: "float64" names no one of them, and
+    making them all float64 is another recipe); a conflict is a ValueError naming both.
+    `subnormals` is read by the kernel (x flushed, the e2m1 result flushed). `nan` changes nothing (e2m1 has no NaN; the e4m3 NaN scale
     every recipe writes is 0x7F, the canonical code); nan_to_integer, accumulator and
     requantization describe steps NVFP4 lacks."""
     datapath = as_datapath(datapath)
@@ -97,9 +103,6 @@ def datapath_rounding(datapath, recipe: str) -> int:
         raise ValueError(f"nvfp4_quantize: datapath scale_precision={datapath.scale_precision!r} "
                          f"conflicts with recipe={recipe!r}, which computes in float32 "
                          "(allowed: None or 'float32')")
-    if datapath.subnormals != ONNX.subnormals:
-        raise ValueError(f"nvfp4_quantize: datapath subnormals={datapath.subnormals!r} conflicts "
-                         f"with recipe={recipe!r}, whose float32 steps keep subnormals (allowed: 'keep')")
     return ROUND_CODES[datapath.rounding]
 
 
@@ -223,11 +226,22 @@ def nvfp4_quantize(x: Array, *, recipe: str = "transformer_engine", axis: int = 
     s_shape = scales_shape(x.shape, axis_)
     codes_out, scales_out = _outputs(out, x.shape, s_shape, packed, x)
     x32 = x if x.dtype == np.float32 else x.astype(np.float32)
-    amax = tensor_amax(x32, recipe) if global_amax is None else _global_amax(global_amax)
+    # datapath subnormals="flush_inputs"/"flush_both": x below its type's smallest normal is
+    # read as a zero of its sign, by the tensor amax, the block amax and the element alike
+    x_min_normal = (_X_MIN_NORMAL.get(x.dtype, 2.0 ** -126) if datapath.flush_inputs else 0.0)
+    amax: float
+    if global_amax is None:
+        amax = float(tensor_amax(x32, recipe))
+        # the flushed tensor's amax: the same, but where every non-NaN magnitude is subnormal
+        if amax < x_min_normal:
+            amax = 0.0
+    else:
+        amax = _global_amax(global_amax)
     plan = nvfp4_plan(recipe, x.shape, axis_, shape_)
     n_threads = resolve_threads(n_threads, x.size)
     module = _dispatch.entry_module(Path.NVFP4_QUANTIZE)
-    config = module.NVFP4Config(global_amax=float(amax), rounding=rounding, **dict(plan.kernel_fields))
+    config = module.NVFP4Config(global_amax=float(amax), rounding=rounding, x_min_normal=x_min_normal,
+                                flush_outputs=datapath.flush_outputs, **dict(plan.kernel_fields))
     codes = np.empty(x.shape, dtype=_FLOAT4.dtype) if (codes_out is None or packed) else codes_out
     scales = np.empty(s_shape, dtype=_E4M3.dtype) if scales_out is None else scales_out
     if x.size:
