@@ -551,7 +551,11 @@ cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py
 # per-axis or blocked layout come back to the same ones. Every element is still computed
 # from its own x, parameters and random word by the same operations: the bits are the
 # `_vary` and `_one` loops' (tests/test_datapath_fast.py compares both feedings with
-# datapath_one and the oracle).
+# datapath_one and the oracle). Blocks of 16, 32, 64 or 128 tiling the rows (whole_blocks)
+# skip the cursor: each DATAPATH_PIECE piece holds whole blocks, spread out by constant-size
+# stores (quantize_datapath_f32_whole_blocks). No software prefetch here: x is read in
+# order and the parameters come from L1, and prefetching each piece ahead as
+# quantize_range does made these loops 1.3-1.9x slower (docs/performance.md).
 
 cdef struct DatapathParameters:
     # The converted parameters [first, first + count) of the call's arrays.
@@ -620,6 +624,67 @@ cdef inline void datapath_flush(const float* x, code_storage_t* y, Py_ssize_t st
         b.count = 0
 
 
+cdef inline void spread_blocks(DatapathPending* b, const DatapathParameters* w, Py_ssize_t at,
+                               Py_ssize_t n_blocks, Py_ssize_t block_size, bint integer_codes) noexcept nogil:
+    # Each block's converted parameters copied to each of its elements. Inlined with a
+    # constant block_size (spread_whole_blocks): straight vector stores per block.
+    cdef Py_ssize_t j, k
+    cdef float divisor, zero_float
+    cdef int32_t zero_int
+    if integer_codes:
+        for j in range(n_blocks):
+            divisor = w.divisor[at + j]
+            zero_int = w.zero_int[at + j]
+            for k in range(j * block_size, (j + 1) * block_size):
+                b.divisor[k] = divisor
+                b.zero_int[k] = zero_int
+    else:
+        for j in range(n_blocks):
+            divisor = w.divisor[at + j]
+            zero_float = w.zero_float[at + j]
+            for k in range(j * block_size, (j + 1) * block_size):
+                b.divisor[k] = divisor
+                b.zero_float[k] = zero_float
+
+
+cdef inline void spread_whole_blocks(DatapathPending* b, const DatapathParameters* w, Py_ssize_t at,
+                                     Py_ssize_t n_blocks, Py_ssize_t block_size,
+                                     bint integer_codes) noexcept nogil:
+    # block_size is one of whole_block_size's
+    if block_size == 16:
+        spread_blocks(b, w, at, n_blocks, 16, integer_codes)
+    elif block_size == 32:
+        spread_blocks(b, w, at, n_blocks, 32, integer_codes)
+    elif block_size == 64:
+        spread_blocks(b, w, at, n_blocks, 64, integer_codes)
+    else:
+        spread_blocks(b, w, at, n_blocks, 128, integer_codes)
+
+
+cdef inline void quantize_datapath_f32_whole_blocks(const float* x, code_storage_t* y, Py_ssize_t start,
+                                                    Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
+    # Blocked along the last axis with whole_blocks(): every piece of DATAPATH_PIECE elements
+    # from a task's start (a multiple of 4096) holds whole blocks, the parameters of
+    # element i are those of block i // block_size, consecutive from piece to piece.
+    cdef DatapathParameters window
+    cdef DatapathPending pending
+    cdef Py_ssize_t n_params = layout_parameters(&p.layout)
+    cdef Py_ssize_t block_size = p.layout.block_size
+    cdef Py_ssize_t piece = start
+    cdef Py_ssize_t piece_end, n_blocks, at
+    cdef bint integer_codes = p.code_kind == CODE_INTEGER
+    window.first = 0
+    window.count = 0
+    while piece < end:
+        piece_end = min(piece + <Py_ssize_t>DATAPATH_PIECE, end)
+        n_blocks = (piece_end - piece) // block_size
+        at = datapath_parameters_at(&window, piece // block_size, n_blocks, n_params, p)
+        spread_whole_blocks(&pending, &window, at, n_blocks, block_size, integer_codes)
+        run_datapath_f32_buffered(x + piece, y + (piece - start), piece_end - piece, pending.divisor,
+                                  pending.zero_int, pending.zero_float, words_at(p, piece), p)
+        piece = piece_end
+
+
 cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssize_t start,
                                        Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
     # Elements [start, end) into y[0 : end - start] on a plan with FEED_BUFFERED (see above).
@@ -632,6 +697,9 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
     cdef float divisor, zero_float
     cdef int32_t zero_int
     cdef bint integer_codes = p.code_kind == CODE_INTEGER
+    if p.layout.granularity == BLOCKED and whole_blocks(&p.layout):
+        quantize_datapath_f32_whole_blocks(x, y, start, end, p)
+        return
     window.first = 0
     window.count = 0
     pending.start = start
@@ -644,7 +712,6 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
             e = seg.start + done
             if n >= DATAPATH_DIRECT_RUN:
                 datapath_flush(x, y, start, &pending, p)
-                prefetch(x + e + PREFETCH_AHEAD, n * sizeof(float))
                 if seg.params_vary:
                     at = datapath_parameters_at(&window, seg.param_index + done, n, n_params, p)
                     run_datapath_f32_buffered(x + e, y + (e - start), n, window.divisor + at,
@@ -658,7 +725,6 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
                     datapath_flush(x, y, start, &pending, p)
                 if pending.count == 0:
                     pending.start = e
-                    prefetch(x + e + PREFETCH_AHEAD, DATAPATH_PIECE * sizeof(float))
                 o = pending.count
                 if seg.params_vary:
                     at = datapath_parameters_at(&window, seg.param_index + done, n, n_params, p)
@@ -695,12 +761,13 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
     cdef Cursor c
     cdef Segment seg
     cdef Py_ssize_t block = start
-    # The start of a task is not prefetched by the block before it.
-    prefetch(x + start, PREFETCH_AHEAD * sizeof(x_storage_t))
     if x_storage_t is float:
         if p.datapath_feed == FEED_BUFFERED:
             quantize_datapath_f32(x, y, start, end, p)
             return
+    # The start of a task is not prefetched by the block before it.
+    prefetch(x + start, PREFETCH_AHEAD * sizeof(x_storage_t))
+    if x_storage_t is float:
         if (p.path != PATH_GENERAL and p.layout.granularity == BLOCKED and p.layout.inner == 1
                 and p.layout.block_size < PREFETCH_BLOCK):
             if whole_blocks(&p.layout):
@@ -884,10 +951,15 @@ cdef class QuantizeConfig:
 
     @property
     def datapath_feed(self):
-        """How the float32 datapath loops are fed: "buffered" (quantize_datapath_f32: per
-        axis and blocked), "pieces" (the general cursor: per tensor, the scalar path, or
-        set_datapath_feed(False))."""
-        return "buffered" if self.plan.datapath_feed == FEED_BUFFERED and datapath_feed_enabled else "pieces"
+        """How the float32 datapath loops are fed: "whole blocks" (blocks of 16, 32, 64 or
+        128 tiling the rows: quantize_datapath_f32_whole_blocks), "buffered"
+        (quantize_datapath_f32: the other per-axis and blocked layouts), "pieces" (the
+        general cursor: per tensor, the scalar path, or set_datapath_feed(False))."""
+        if self.plan.datapath_feed != FEED_BUFFERED or not datapath_feed_enabled:
+            return "pieces"
+        if self.plan.layout.granularity == BLOCKED and whole_blocks(&self.plan.layout):
+            return "whole blocks"
+        return "buffered"
 
     @property
     def stochastic(self):

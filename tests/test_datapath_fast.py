@@ -460,6 +460,9 @@ def test_per_axis_and_blocked_datapaths_take_the_buffered_feed():
             shape = list(x.shape)
             shape[axis] = (shape[axis] + 2) // 3
             assert _config_feed(x, np.ones(shape, np.float32), out, dp, axis=axis, block_size=3) == "buffered"
+        wide = np.ones((3, 4, 64), np.float32)
+        assert _config_feed(wide, np.ones((3, 4, 2), np.float32), out, dp, axis=2, block_size=32) == "whole blocks"
+        assert _config_feed(wide, np.ones((3, 1, 64), np.float32), out, dp, axis=1, block_size=4) == "buffered"
         assert _config_feed(x, np.float32(0.5), out, dp) == "pieces"
         # the default datapath and the scalar datapath_one keep the cursor's pieces
         assert _config_feed(x, np.ones(10, np.float32), out, qemu_q.Datapath(), axis=2) == "pieces"
@@ -482,6 +485,9 @@ BLOCK_CASES = [
     ((96, 40), 0, 1), ((95, 40), 0, 2), ((97, 33), 0, 3), ((70, 30), 0, 31), ((64, 40), 0, 32),
     ((70, 30), 0, 33), ((130, 20), 0, 64), ((1100, 3), 0, 1024),
     ((4, 65, 7), 1, 32), ((3, 9, 300), 1, 4), ((2, 3, 1030), 1, 2), ((2, 5, 3), 2, 2),
+    # whole blocks of 16, 32, 64, 128 tiling the rows (their own feeding), rows across the
+    # 1024-element pieces
+    ((40, 96), 1, 16), ((3, 2048), 1, 32), ((7, 320), 1, 64), ((5, 1280), 1, 128), ((2, 3, 128), 2, 32),
 ]
 BLOCK_OPTIONS = [dict(rounding="half_even", scale_precision="float32", nan_to_integer="zero"),
                  dict(rounding="half_away"), dict(rounding="down", subnormals="flush_both"),
@@ -503,7 +509,9 @@ def test_blocked_buffered_against_the_oracle(shape, axis, block_size, out):
                                 else rng.choice([0, 1000], scale.shape)).astype(dtype)
     x = _mixed_input(shape, 31)
     words = random_words(shape, 32)
-    assert _config_feed(x, scale, out, qemu_q.Datapath(rounding="up"), axis=axis, block_size=block_size) == "buffered"
+    whole = axis == len(shape) - 1 and block_size in (16, 32, 64, 128) and shape[axis] % block_size == 0
+    assert _config_feed(x, scale, out, qemu_q.Datapath(rounding="up"), axis=axis,
+                        block_size=block_size) == ("whole blocks" if whole else "buffered")
     for dp in BLOCK_OPTIONS:
         if out.startswith("float") and dp.get("nan_to_integer"):
             dp = {k: v for k, v in dp.items() if k != "nan_to_integer"}
@@ -580,16 +588,18 @@ def test_buffered_stochastic_words_are_each_elements_own():
 @pytest.mark.parametrize("out", ["int8", "uint16", "int4", "float8e4m3fn", "float6e3m2"])
 def test_buffered_feed_independent_of_threads_and_levels(out):
     # Above the one-thread threshold and across tasks that cut blocks and rows: blocked 32
-    # and 33 along the last axis, 7 along the first, per axis on both axes; every thread
-    # count and level against datapath_one and the cursor's pieces.
-    x = _mixed_input((70, 3001), 61)
-    words = random_words(x.shape, 62)
+    # and 33 along the last axis (ragged), 32 and 128 tiling the rows (whole blocks), 7
+    # along the first, per axis on both axes; every thread count and level against
+    # datapath_one and the cursor's pieces.
+    inputs = {shape: (_mixed_input(shape, 61), random_words(shape, 62)) for shape in ((70, 3001), (50, 4096))}
     rng = np.random.default_rng(63)
-    layouts = [(1, 32), (1, 33), (0, 7), (0, 0), (1, 0)]
+    layouts = [((70, 3001), 1, 32), ((70, 3001), 1, 33), ((70, 3001), 0, 7), ((70, 3001), 0, 0),
+               ((70, 3001), 1, 0), ((50, 4096), 1, 32), ((50, 4096), 1, 128)]
     level = _kernels.active.level
     options = [dict(rounding=r) for r in ROUNDINGS] + BLOCK_OPTIONS + [dict(subnormals="flush_outputs")]
     try:
-        for (axis, block_size), dp in itertools.product(layouts, options):
+        for (shape, axis, block_size), dp in itertools.product(layouts, options):
+            x, words = inputs[shape]
             scale = _layout_parameters(x.shape, axis, block_size, rng)
             if out.startswith("float") and dp.get("nan_to_integer"):
                 dp = {k: v for k, v in dp.items() if k != "nan_to_integer"}
