@@ -557,13 +557,24 @@ cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py
 # order and the parameters come from L1, and prefetching each piece ahead as
 # quantize_range does made these loops 1.3-1.9x slower (docs/performance.md).
 
+# The buffers live on the task's stack (40 KiB in all, one set per task): the zero
+# points are int32 for integer codes or float32 for small floats, never both.
+cdef union WindowZeroPoints:
+    int32_t as_int[DATAPATH_PARAMETERS]
+    float as_float[DATAPATH_PARAMETERS]
+
+
+cdef union PendingZeroPoints:
+    int32_t as_int[DATAPATH_PIECE]
+    float as_float[DATAPATH_PIECE]
+
+
 cdef struct DatapathParameters:
     # The converted parameters [first, first + count) of the call's arrays.
     Py_ssize_t first
     Py_ssize_t count
     float divisor[DATAPATH_PARAMETERS]
-    int32_t zero_int[DATAPATH_PARAMETERS]
-    float zero_float[DATAPATH_PARAMETERS]
+    WindowZeroPoints zero
 
 
 cdef struct DatapathPending:
@@ -571,8 +582,7 @@ cdef struct DatapathPending:
     Py_ssize_t start
     Py_ssize_t count
     float divisor[DATAPATH_PIECE]
-    int32_t zero_int[DATAPATH_PIECE]
-    float zero_float[DATAPATH_PIECE]
+    PendingZeroPoints zero
 
 
 cdef inline void datapath_f32_parameters(const double* scale, const double* zero_point, Py_ssize_t n,
@@ -606,7 +616,7 @@ cdef inline Py_ssize_t datapath_parameters_at(DatapathParameters* c, Py_ssize_t 
         c.first = first
         c.count = min(<Py_ssize_t>DATAPATH_PARAMETERS, n_params - first)
         datapath_f32_parameters(p.scale + first, p.zero_point + first, c.count, p, c.divisor,
-                                c.zero_int, c.zero_float)
+                                c.zero.as_int, c.zero.as_float)
     return first - c.first
 
 
@@ -619,8 +629,8 @@ cdef inline const uint32_t* words_at(const QuantizePlan* p, Py_ssize_t element) 
 cdef inline void datapath_flush(const float* x, code_storage_t* y, Py_ssize_t start,
                                 DatapathPending* b, const QuantizePlan* p) noexcept nogil:
     if b.count:
-        run_datapath_f32_buffered(x + b.start, y + (b.start - start), b.count, b.divisor, b.zero_int,
-                                  b.zero_float, words_at(p, b.start), p)
+        run_datapath_f32_buffered(x + b.start, y + (b.start - start), b.count, b.divisor, b.zero.as_int,
+                                  b.zero.as_float, words_at(p, b.start), p)
         b.count = 0
 
 
@@ -634,17 +644,17 @@ cdef inline void spread_blocks(DatapathPending* b, const DatapathParameters* w, 
     if integer_codes:
         for j in range(n_blocks):
             divisor = w.divisor[at + j]
-            zero_int = w.zero_int[at + j]
+            zero_int = w.zero.as_int[at + j]
             for k in range(j * block_size, (j + 1) * block_size):
                 b.divisor[k] = divisor
-                b.zero_int[k] = zero_int
+                b.zero.as_int[k] = zero_int
     else:
         for j in range(n_blocks):
             divisor = w.divisor[at + j]
-            zero_float = w.zero_float[at + j]
+            zero_float = w.zero.as_float[at + j]
             for k in range(j * block_size, (j + 1) * block_size):
                 b.divisor[k] = divisor
-                b.zero_float[k] = zero_float
+                b.zero.as_float[k] = zero_float
 
 
 cdef inline void spread_whole_blocks(DatapathPending* b, const DatapathParameters* w, Py_ssize_t at,
@@ -662,26 +672,23 @@ cdef inline void spread_whole_blocks(DatapathPending* b, const DatapathParameter
 
 
 cdef inline void quantize_datapath_f32_whole_blocks(const float* x, code_storage_t* y, Py_ssize_t start,
-                                                    Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
+                                                    Py_ssize_t end, DatapathParameters* window,
+                                                    DatapathPending* pending, const QuantizePlan* p) noexcept nogil:
     # Blocked along the last axis with whole_blocks(): every piece of DATAPATH_PIECE elements
     # from a task's start (a multiple of 4096) holds whole blocks, the parameters of
     # element i are those of block i // block_size, consecutive from piece to piece.
-    cdef DatapathParameters window
-    cdef DatapathPending pending
     cdef Py_ssize_t n_params = layout_parameters(&p.layout)
     cdef Py_ssize_t block_size = p.layout.block_size
     cdef Py_ssize_t piece = start
     cdef Py_ssize_t piece_end, n_blocks, at
     cdef bint integer_codes = p.code_kind == CODE_INTEGER
-    window.first = 0
-    window.count = 0
     while piece < end:
         piece_end = min(piece + <Py_ssize_t>DATAPATH_PIECE, end)
         n_blocks = (piece_end - piece) // block_size
-        at = datapath_parameters_at(&window, piece // block_size, n_blocks, n_params, p)
-        spread_whole_blocks(&pending, &window, at, n_blocks, block_size, integer_codes)
+        at = datapath_parameters_at(window, piece // block_size, n_blocks, n_params, p)
+        spread_whole_blocks(pending, window, at, n_blocks, block_size, integer_codes)
         run_datapath_f32_buffered(x + piece, y + (piece - start), piece_end - piece, pending.divisor,
-                                  pending.zero_int, pending.zero_float, words_at(p, piece), p)
+                                  pending.zero.as_int, pending.zero.as_float, words_at(p, piece), p)
         piece = piece_end
 
 
@@ -697,11 +704,11 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
     cdef float divisor, zero_float
     cdef int32_t zero_int
     cdef bint integer_codes = p.code_kind == CODE_INTEGER
-    if p.layout.granularity == BLOCKED and whole_blocks(&p.layout):
-        quantize_datapath_f32_whole_blocks(x, y, start, end, p)
-        return
     window.first = 0
     window.count = 0
+    if p.layout.granularity == BLOCKED and whole_blocks(&p.layout):
+        quantize_datapath_f32_whole_blocks(x, y, start, end, &window, &pending, p)
+        return
     pending.start = start
     pending.count = 0
     cursor_at(&p.layout, start, end, &c)
@@ -715,7 +722,7 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
                 if seg.params_vary:
                     at = datapath_parameters_at(&window, seg.param_index + done, n, n_params, p)
                     run_datapath_f32_buffered(x + e, y + (e - start), n, window.divisor + at,
-                                              window.zero_int + at, window.zero_float + at,
+                                              window.zero.as_int + at, window.zero.as_float + at,
                                               words_at(p, e), p)
                 else:
                     run_datapath_f32(x + e, y + (e - start), n, p.scale + seg.param_index,
@@ -732,23 +739,23 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
                         pending.divisor[o + k] = window.divisor[at + k]
                     if integer_codes:
                         for k in range(n):
-                            pending.zero_int[o + k] = window.zero_int[at + k]
+                            pending.zero.as_int[o + k] = window.zero.as_int[at + k]
                     else:
                         for k in range(n):
-                            pending.zero_float[o + k] = window.zero_float[at + k]
+                            pending.zero.as_float[o + k] = window.zero.as_float[at + k]
                 else:
                     at = datapath_parameters_at(&window, seg.param_index, 1, n_params, p)
                     divisor = window.divisor[at]
                     for k in range(n):
                         pending.divisor[o + k] = divisor
                     if integer_codes:
-                        zero_int = window.zero_int[at]
+                        zero_int = window.zero.as_int[at]
                         for k in range(n):
-                            pending.zero_int[o + k] = zero_int
+                            pending.zero.as_int[o + k] = zero_int
                     else:
-                        zero_float = window.zero_float[at]
+                        zero_float = window.zero.as_float[at]
                         for k in range(n):
-                            pending.zero_float[o + k] = zero_float
+                            pending.zero.as_float[o + k] = zero_float
                 pending.count += n
             done += n
     datapath_flush(x, y, start, &pending, p)
