@@ -788,8 +788,11 @@ def run_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("int8
     words = rng.integers(0, 2**32, x.shape, dtype=np.uint64).astype(np.uint32)
     scales = {"per-tensor": (np.float32(0.37), {}),
               "per-axis 0": ((rng.uniform(0.1, 1, rows)).astype(np.float32), {"axis": 0}),
+              "per-axis 1": ((rng.uniform(0.1, 1, cols)).astype(np.float32), {"axis": 1}),
               "blocked 32": ((rng.uniform(0.1, 1, (rows, cols // 32))).astype(np.float32),
-                             {"axis": 1, "block_size": 32})}
+                             {"axis": 1, "block_size": 32}),
+              "blocked 32 axis 0": ((rng.uniform(0.1, 1, (rows // 32, cols))).astype(np.float32),
+                                    {"axis": 0, "block_size": 32})}
     print(f"{rows}x{cols} float32 ({x.size} elements), best of {repeat} rounds, {threads} threads, "
           f"kernels {_kernels.active.level}")
     print(f"{'output':<13} {'layout':<11} {'option':<34} {'default':>9} {'option':>9} {'ratio':>6}")
@@ -914,7 +917,7 @@ def main(argv=None):
                         "-> int8 and float8e4m3fn)")
     p.add_argument("--datapath-layouts", default="per-tensor",
                    help="with --datapath: comma-separated layouts among per-tensor, 'per-axis 0', "
-                        "'blocked 32' (default per-tensor)")
+                        "'per-axis 1', 'blocked 32', 'blocked 32 axis 0' (default per-tensor)")
     p.add_argument("--datapath-options", help="with --datapath: comma-separated option names "
                                               "(default: all of DATAPATH_OPTIONS)")
     p.add_argument("--mx-datapath", action="store_true",

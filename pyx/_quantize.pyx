@@ -43,6 +43,22 @@ cdef enum:
     # Codes quantized into a stack buffer (L1-resident) before they are packed: a multiple
     # of 8, so that every piece starts on a whole byte of every packed layout.
     PACK_BUFFER = 4096
+    # The datapath's buffered feeding (quantize_datapath_f32): at most this many elements
+    # per loop call; runs shorter than DATAPATH_DIRECT_RUN gathered into one call (a
+    # vectorized loop's set-up and scalar tail cost about as much as 32 elements); the
+    # converted parameters kept per task (as many as a 4096-wide row has).
+    DATAPATH_PIECE = 1024
+    DATAPATH_DIRECT_RUN = 256
+    DATAPATH_PARAMETERS = 4096
+
+cdef enum DatapathFeed:
+    # How quantize_range feeds a plan's datapath loops.
+    FEED_PIECES = 0      # the general cursor's pieces (per tensor; the scalar datapath_one)
+    FEED_BUFFERED = 1    # quantize_datapath_f32: long runs and L1 parameter buffers
+
+# Test and benchmark hook (set_datapath_feed): False gives every plan FEED_PIECES, the
+# feeding before the buffered one, so that the two compare in one build.
+cdef bint datapath_feed_enabled = True
 
 # Integer codes from float32 with one scale, written with streaming stores straight from
 # the registers (AVX-512 builds only). The arithmetic is run_f32_integer's, operation for
@@ -182,6 +198,7 @@ cdef struct QuantizePlan:
     # The other datapaths the float32 loops serve through a staging loop (run_datapath_wide,
     # _datapath_loops_f64.pxi): WIDE_X, WIDE_HALF, WIDE_F64; 0 (WIDE_NONE): datapath_one.
     int datapath_wide
+    int datapath_feed         # DatapathFeed
 
 
 cdef inline double load_double(x_storage_t v, int x_format) noexcept nogil:
@@ -541,6 +558,231 @@ cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py
         piece = c.end
 
 
+# The datapath's float32 loops on per-axis and blocked layouts. The general cursor's
+# pieces gave them one call per block or per row piece, each converting its scale and
+# forming its reciprocal; a block of 32 spent as long entering and leaving its loop (set-up,
+# scalar tail) as in it. Here the runs come from the cursor uncut (next_segment up to the
+# task's end), and:
+# - a run of DATAPATH_DIRECT_RUN elements or more is one call, in DATAPATH_PIECE chunks:
+#   the `_one` loop on its one scale, or the buffered loop on its converted parameters;
+# - shorter runs (blocks, short rows) are gathered, their parameters spread out per
+#   element in L1 buffers, into one buffered call per DATAPATH_PIECE elements.
+# The parameters are converted (datapath_f32_parameters: the float32 scale flushed, its
+# reciprocal, the zero point) once per parameter into a window of DATAPATH_PARAMETERS,
+# not once per element: consecutive blocks have consecutive parameters, and the rows of a
+# per-axis or blocked layout come back to the same ones. Every element is still computed
+# from its own x, parameters and random word by the same operations: the bits are the
+# `_vary` and `_one` loops' (tests/test_datapath_fast.py compares both feedings with
+# datapath_one and the oracle). Blocks of 16, 32, 64 or 128 tiling the rows (whole_blocks)
+# skip the cursor: each DATAPATH_PIECE piece holds whole blocks, spread out by constant-size
+# stores (quantize_datapath_f32_whole_blocks). No software prefetch here: x is read in
+# order and the parameters come from L1, and prefetching each piece ahead as
+# quantize_range does made these loops 1.3-1.9x slower (docs/performance.md).
+
+# The buffers live on the task's stack (40 KiB in all, one set per task): the zero
+# points are int32 for integer codes or float32 for small floats, never both.
+cdef union WindowZeroPoints:
+    int32_t as_int[DATAPATH_PARAMETERS]
+    float as_float[DATAPATH_PARAMETERS]
+
+
+cdef union PendingZeroPoints:
+    int32_t as_int[DATAPATH_PIECE]
+    float as_float[DATAPATH_PIECE]
+
+
+cdef struct DatapathParameters:
+    # The converted parameters [first, first + count) of the call's arrays.
+    Py_ssize_t first
+    Py_ssize_t count
+    float divisor[DATAPATH_PARAMETERS]
+    WindowZeroPoints zero
+
+
+cdef struct DatapathPending:
+    # Gathered short runs: the elements [start, start + count), their parameters per element.
+    Py_ssize_t start
+    Py_ssize_t count
+    float divisor[DATAPATH_PIECE]
+    PendingZeroPoints zero
+
+
+cdef inline void datapath_f32_parameters(const double* scale, const double* zero_point, Py_ssize_t n,
+                                         const QuantizePlan* p, float* divisor, int32_t* zero_int,
+                                         float* zero_float) noexcept nogil:
+    # What the `_vary` loops compute per element from scale[i] and zero_point[i], the same
+    # expressions, once per parameter.
+    cdef float min_normal = p.dp32.scale_min_normal
+    cdef float s
+    cdef Py_ssize_t i
+    if p.reciprocal:
+        for i in range(n):
+            s = flush_subnormal_f32(<float>scale[i], min_normal)
+            divisor[i] = <float>1.0 / s
+    else:
+        for i in range(n):
+            divisor[i] = flush_subnormal_f32(<float>scale[i], min_normal)
+    if p.code_kind == CODE_INTEGER:
+        for i in range(n):
+            zero_int[i] = <int32_t>zero_point[i]
+    else:
+        for i in range(n):
+            zero_float[i] = <float>zero_point[i]
+
+
+cdef inline Py_ssize_t datapath_parameters_at(DatapathParameters* c, Py_ssize_t first, Py_ssize_t n,
+                                              Py_ssize_t n_params, const QuantizePlan* p) noexcept nogil:
+    # Where parameter `first` is in the window, with [first, first + n) converted
+    # (n <= DATAPATH_PARAMETERS); a miss converts the window from `first` on.
+    if first < c.first or first + n > c.first + c.count:
+        c.first = first
+        c.count = min(<Py_ssize_t>DATAPATH_PARAMETERS, n_params - first)
+        datapath_f32_parameters(p.scale + first, p.zero_point + first, c.count, p, c.divisor,
+                                c.zero.as_int, c.zero.as_float)
+    return first - c.first
+
+
+cdef inline const uint32_t* words_at(const QuantizePlan* p, Py_ssize_t element) noexcept nogil:
+    # The random word of x's element `element` (the call's whole x): its own, wherever the
+    # element lands in a buffer.
+    return p.random_bits + element if p.random_bits != NULL else NULL
+
+
+cdef inline void datapath_flush(const float* x, code_storage_t* y, Py_ssize_t start,
+                                DatapathPending* b, const QuantizePlan* p) noexcept nogil:
+    if b.count:
+        run_datapath_f32_buffered(x + b.start, y + (b.start - start), b.count, b.divisor, b.zero.as_int,
+                                  b.zero.as_float, words_at(p, b.start), p)
+        b.count = 0
+
+
+cdef inline void spread_blocks(DatapathPending* b, const DatapathParameters* w, Py_ssize_t at,
+                               Py_ssize_t n_blocks, Py_ssize_t block_size, bint integer_codes) noexcept nogil:
+    # Each block's converted parameters copied to each of its elements. Inlined with a
+    # constant block_size (spread_whole_blocks): straight vector stores per block.
+    cdef Py_ssize_t j, k
+    cdef float divisor, zero_float
+    cdef int32_t zero_int
+    if integer_codes:
+        for j in range(n_blocks):
+            divisor = w.divisor[at + j]
+            zero_int = w.zero.as_int[at + j]
+            for k in range(j * block_size, (j + 1) * block_size):
+                b.divisor[k] = divisor
+                b.zero.as_int[k] = zero_int
+    else:
+        for j in range(n_blocks):
+            divisor = w.divisor[at + j]
+            zero_float = w.zero.as_float[at + j]
+            for k in range(j * block_size, (j + 1) * block_size):
+                b.divisor[k] = divisor
+                b.zero.as_float[k] = zero_float
+
+
+cdef inline void spread_whole_blocks(DatapathPending* b, const DatapathParameters* w, Py_ssize_t at,
+                                     Py_ssize_t n_blocks, Py_ssize_t block_size,
+                                     bint integer_codes) noexcept nogil:
+    # block_size is one of whole_block_size's
+    if block_size == 16:
+        spread_blocks(b, w, at, n_blocks, 16, integer_codes)
+    elif block_size == 32:
+        spread_blocks(b, w, at, n_blocks, 32, integer_codes)
+    elif block_size == 64:
+        spread_blocks(b, w, at, n_blocks, 64, integer_codes)
+    else:
+        spread_blocks(b, w, at, n_blocks, 128, integer_codes)
+
+
+cdef inline void quantize_datapath_f32_whole_blocks(const float* x, code_storage_t* y, Py_ssize_t start,
+                                                    Py_ssize_t end, DatapathParameters* window,
+                                                    DatapathPending* pending, const QuantizePlan* p) noexcept nogil:
+    # Blocked along the last axis with whole_blocks(): every piece of DATAPATH_PIECE elements
+    # from a task's start (a multiple of 4096) holds whole blocks, the parameters of
+    # element i are those of block i // block_size, consecutive from piece to piece.
+    cdef Py_ssize_t n_params = layout_parameters(&p.layout)
+    cdef Py_ssize_t block_size = p.layout.block_size
+    cdef Py_ssize_t piece = start
+    cdef Py_ssize_t piece_end, n_blocks, at
+    cdef bint integer_codes = p.code_kind == CODE_INTEGER
+    while piece < end:
+        piece_end = min(piece + <Py_ssize_t>DATAPATH_PIECE, end)
+        n_blocks = (piece_end - piece) // block_size
+        at = datapath_parameters_at(window, piece // block_size, n_blocks, n_params, p)
+        spread_whole_blocks(pending, window, at, n_blocks, block_size, integer_codes)
+        run_datapath_f32_buffered(x + piece, y + (piece - start), piece_end - piece, pending.divisor,
+                                  pending.zero.as_int, pending.zero.as_float, words_at(p, piece), p)
+        piece = piece_end
+
+
+cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssize_t start,
+                                       Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
+    # Elements [start, end) into y[0 : end - start] on a plan with FEED_BUFFERED (see above).
+    cdef DatapathParameters window
+    cdef DatapathPending pending
+    cdef Cursor c
+    cdef Segment seg
+    cdef Py_ssize_t n_params = layout_parameters(&p.layout)
+    cdef Py_ssize_t done, n, e, at, o, k
+    cdef float divisor, zero_float
+    cdef int32_t zero_int
+    cdef bint integer_codes = p.code_kind == CODE_INTEGER
+    window.first = 0
+    window.count = 0
+    if p.layout.granularity == BLOCKED and whole_blocks(&p.layout):
+        quantize_datapath_f32_whole_blocks(x, y, start, end, &window, &pending, p)
+        return
+    pending.start = start
+    pending.count = 0
+    cursor_at(&p.layout, start, end, &c)
+    while next_segment(&p.layout, &c, &seg):
+        done = 0
+        while done < seg.length:
+            n = min(seg.length - done, <Py_ssize_t>DATAPATH_PIECE)
+            e = seg.start + done
+            if n >= DATAPATH_DIRECT_RUN:
+                datapath_flush(x, y, start, &pending, p)
+                if seg.params_vary:
+                    at = datapath_parameters_at(&window, seg.param_index + done, n, n_params, p)
+                    run_datapath_f32_buffered(x + e, y + (e - start), n, window.divisor + at,
+                                              window.zero.as_int + at, window.zero.as_float + at,
+                                              words_at(p, e), p)
+                else:
+                    run_datapath_f32(x + e, y + (e - start), n, p.scale + seg.param_index,
+                                     p.zero_point + seg.param_index, False, words_at(p, e), p)
+            else:
+                if pending.count + n > DATAPATH_PIECE:
+                    datapath_flush(x, y, start, &pending, p)
+                if pending.count == 0:
+                    pending.start = e
+                o = pending.count
+                if seg.params_vary:
+                    at = datapath_parameters_at(&window, seg.param_index + done, n, n_params, p)
+                    for k in range(n):
+                        pending.divisor[o + k] = window.divisor[at + k]
+                    if integer_codes:
+                        for k in range(n):
+                            pending.zero.as_int[o + k] = window.zero.as_int[at + k]
+                    else:
+                        for k in range(n):
+                            pending.zero.as_float[o + k] = window.zero.as_float[at + k]
+                else:
+                    at = datapath_parameters_at(&window, seg.param_index, 1, n_params, p)
+                    divisor = window.divisor[at]
+                    for k in range(n):
+                        pending.divisor[o + k] = divisor
+                    if integer_codes:
+                        zero_int = window.zero.as_int[at]
+                        for k in range(n):
+                            pending.zero.as_int[o + k] = zero_int
+                    else:
+                        zero_float = window.zero.as_float[at]
+                        for k in range(n):
+                            pending.zero.as_float[o + k] = zero_float
+                pending.count += n
+            done += n
+    datapath_flush(x, y, start, &pending, p)
+
+
 cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
                                 Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
     # Elements [start, end) into y[0 : end - start], PREFETCH_BLOCK elements at a time,
@@ -548,6 +790,10 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
     cdef Cursor c
     cdef Segment seg
     cdef Py_ssize_t block = start
+    if x_storage_t is float:
+        if p.datapath_feed == FEED_BUFFERED:
+            quantize_datapath_f32(x, y, start, end, p)
+            return
     # The start of a task is not prefetched by the block before it.
     prefetch(x + start, PREFETCH_AHEAD * sizeof(x_storage_t))
     if x_storage_t is float:
@@ -767,7 +1013,20 @@ cdef class QuantizeConfig:
         self.plan.saturate = saturate
         check_datapath_wide(datapath_wide, &self.plan, small_float_id)
         self.plan.datapath_wide = datapath_wide
+        self.plan.datapath_feed = FEED_BUFFERED if datapath_f32 and granularity != PER_TENSOR else FEED_PIECES
         set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
+
+    @property
+    def datapath_feed(self):
+        """How the float32 datapath loops are fed: "whole blocks" (blocks of 16, 32, 64 or
+        128 tiling the rows: quantize_datapath_f32_whole_blocks), "buffered"
+        (quantize_datapath_f32: the other per-axis and blocked layouts), "pieces" (the
+        general cursor: per tensor, the scalar path, or set_datapath_feed(False))."""
+        if self.plan.datapath_feed != FEED_BUFFERED or not datapath_feed_enabled:
+            return "pieces"
+        if self.plan.layout.granularity == BLOCKED and whole_blocks(&self.plan.layout):
+            return "whole blocks"
+        return "buffered"
 
     @property
     def stochastic(self):
@@ -840,6 +1099,8 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
         else:
             p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
     p.random_bits = random_words(random_bits, config.stochastic, size, "")
+    if not datapath_feed_enabled:
+        p.datapath_feed = FEED_PIECES
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).
@@ -870,6 +1131,16 @@ cdef int run_call(const x_storage_t[::1] x, object scale, object zero_point, voi
     with nogil:
         run_tasks(quantize_work_task, &work, layout_tasks(&p.layout), n_threads)
     return 0
+
+
+def set_datapath_feed(bint enabled):
+    """Test and benchmark hook: False feeds the float32 datapath loops the general cursor's
+    pieces again (the feeding before quantize_datapath_f32), True (the default) the
+    buffered feeding; the same bits either way. Returns the previous setting."""
+    global datapath_feed_enabled
+    previous = datapath_feed_enabled
+    datapath_feed_enabled = enabled
+    return previous
 
 
 def quantize(const x_storage_t[::1] x, scale, zero_point, code_storage_t[::1] out,

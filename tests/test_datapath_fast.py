@@ -476,3 +476,248 @@ def test_the_levels_run_their_own_float32_loops():
             assert got.tolist() == [2, -3, 0], lv
     finally:
         _kernels.use(level)
+
+
+# ------------------------- per-axis and blocked layouts: the buffered feeding of the loops
+#
+# quantize_datapath_f32 (pyx/_quantize.pyx) feeds the float32 loops long runs: short runs
+# (blocks, short rows) gathered with their parameters spread out per element in L1
+# buffers, the parameters converted (scale flushed, reciprocal, zero point) once per
+# parameter into a window of 4096. Sizes below cross its constants: runs of 256 and more
+# are called on their own, at most 1024 elements per call, 4096 parameters per window.
+
+def _quantize_module():
+    return _dispatch.entry_module(_dispatch.Path.QUANTIZE)
+
+
+def _feeds(enabled):
+    # set_datapath_feed on every level's module (each level is its own build of the kernels)
+    level = _kernels.active.level
+    previous = {}
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            previous[lv] = _quantize_module().set_datapath_feed(enabled)
+    finally:
+        _kernels.use(level)
+    return previous
+
+
+def _pieces(fn):
+    # the same call on the feeding before the buffered one (the general cursor's pieces)
+    _feeds(False)
+    try:
+        return fn()
+    finally:
+        _feeds(True)
+
+
+def _per_element(params, shape, axis, block_size):
+    # The parameter of every element, written from the operator's definition: per axis,
+    # params[j] for axis index j; blocked, params[..., j // block_size, ...].
+    params = np.asarray(params)
+    if block_size:
+        return np.take(params, np.arange(shape[axis]) // block_size, axis=axis)
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    return np.broadcast_to(params.reshape(view), shape)
+
+
+def _oracle_by_parameter(x, scale, zero_point, out, dp, words, axis, block_size):
+    # The exact oracle element by element, each with its own scale, zero point and word,
+    # grouped by (scale, zero point) for the oracle's one-scale calls.
+    s = _per_element(scale, x.shape, axis, block_size).ravel()
+    z = (np.zeros(x.size, np.int64) if zero_point is None
+         else _per_element(np.asarray(zero_point).astype(np.int64), x.shape, axis, block_size).ravel())
+    flat = x.ravel()
+    w = None if words is None else words.ravel()
+    want = np.empty(x.size, np.uint32)
+    keys = np.stack([s.astype(np.float64), z.astype(np.float64)], 1)
+    for key in np.unique(keys, axis=0):
+        at = np.flatnonzero((keys[:, 0] == key[0]) & (keys[:, 1] == key[1]))
+        want[at] = oracle.quantize_array(flat[at], float(key[0]), None if zero_point is None else int(key[1]),
+                                         OUTPUTS[out], dp, words=None if w is None else w[at],
+                                         x_type="float", scale_type="float")
+    return want.reshape(x.shape)
+
+
+def _layout_parameters(shape, axis, block_size, rng, pool=None):
+    # scales of the layout: from a small pool (a few oracle calls), else random
+    n = -(-shape[axis] // block_size) if block_size else shape[axis]
+    pshape = list(shape) if block_size else [shape[axis]]
+    if block_size:
+        pshape[axis] = n
+    if pool is not None:
+        return f32(np.asarray(pool)[rng.integers(0, len(pool), pshape)])
+    return f32(rng.uniform(0.05, 3, pshape))
+
+
+def _config_feed(x, scale, out, dp, **kw):
+    return _quantize_module().QuantizeConfig(**plan_fields(x, scale, out, dp, **kw)).datapath_feed
+
+
+def test_per_axis_and_blocked_datapaths_take_the_buffered_feed():
+    # The hook the comparisons below rely on: the feeding the kernel dispatches on.
+    x = np.ones((6, 8, 10), np.float32)
+    dp = qemu_q.Datapath(rounding="half_away")
+    for out in ("int8", "float8e4m3fn"):
+        for axis in (0, 1, 2):
+            assert _config_feed(x, np.ones(x.shape[axis], np.float32), out, dp, axis=axis) == "buffered"
+            shape = list(x.shape)
+            shape[axis] = (shape[axis] + 2) // 3
+            assert _config_feed(x, np.ones(shape, np.float32), out, dp, axis=axis, block_size=3) == "buffered"
+        wide = np.ones((3, 4, 64), np.float32)
+        assert _config_feed(wide, np.ones((3, 4, 2), np.float32), out, dp, axis=2, block_size=32) == "whole blocks"
+        assert _config_feed(wide, np.ones((3, 1, 64), np.float32), out, dp, axis=1, block_size=4) == "buffered"
+        assert _config_feed(x, np.float32(0.5), out, dp) == "pieces"
+        # the default datapath and the scalar datapath_one keep the cursor's pieces
+        assert _config_feed(x, np.ones(10, np.float32), out, qemu_q.Datapath(), axis=2) == "pieces"
+        assert _config_feed(x, np.ones(10, np.float32), out, qemu_q.Datapath(scale_precision="float64"),
+                            axis=2) == "pieces"
+    previous = _feeds(False)
+    try:
+        assert all(previous.values())
+        assert _config_feed(x, np.ones(10, np.float32), "int8", dp, axis=2) == "pieces"
+    finally:
+        _feeds(True)
+
+
+BLOCK_CASES = [
+    # (shape, axis, block_size): blocks of 1, 2, 3, 31, 32, 33, 64, 1024 along the last axis
+    # and along others, ragged last blocks, rows shorter and longer than the 256-element
+    # direct run and the 1024-element call
+    ((40, 96), 1, 1), ((40, 96), 1, 2), ((40, 97), 1, 3), ((30, 100), 1, 31), ((30, 128), 1, 32),
+    ((30, 100), 1, 33), ((20, 200), 1, 64), ((3, 2500), 1, 1024), ((5, 1000), 1, 1000),
+    ((96, 40), 0, 1), ((95, 40), 0, 2), ((97, 33), 0, 3), ((70, 30), 0, 31), ((64, 40), 0, 32),
+    ((70, 30), 0, 33), ((130, 20), 0, 64), ((1100, 3), 0, 1024),
+    ((4, 65, 7), 1, 32), ((3, 9, 300), 1, 4), ((2, 3, 1030), 1, 2), ((2, 5, 3), 2, 2),
+    # whole blocks of 16, 32, 64, 128 tiling the rows (their own feeding), rows across the
+    # 1024-element pieces
+    ((40, 96), 1, 16), ((3, 2048), 1, 32), ((7, 320), 1, 64), ((5, 1280), 1, 128), ((2, 3, 128), 2, 32),
+]
+BLOCK_OPTIONS = [dict(rounding="half_even", scale_precision="float32", nan_to_integer="zero"),
+                 dict(rounding="half_away"), dict(rounding="down", subnormals="flush_both"),
+                 dict(rounding="stochastic", scale="reciprocal", scale_precision="float32"),
+                 dict(rounding="to_odd", scale="reciprocal", scale_precision="float32",
+                      subnormals="flush_inputs", nan_to_integer="max")]
+
+
+@pytest.mark.parametrize("out", ["int8", "uint16", "float8e4m3fn"])
+@pytest.mark.parametrize("shape,axis,block_size", BLOCK_CASES, ids=lambda v: str(v).replace(" ", ""))
+def test_blocked_buffered_against_the_oracle(shape, axis, block_size, out):
+    rng = np.random.default_rng(sum(shape) + axis + block_size)
+    pool = [0.37, 0.25, 3.0, 2.0 ** -20, 1.5]
+    scale = _layout_parameters(shape, axis, block_size, rng, pool)
+    zero_point = None
+    if out != "float8e4m3fn":
+        dtype = np.int8 if out == "int8" else np.uint16
+        zero_point = np.asarray(rng.choice([-3, 5, 0], scale.shape) if out == "int8"
+                                else rng.choice([0, 1000], scale.shape)).astype(dtype)
+    x = _mixed_input(shape, 31)
+    words = random_words(shape, 32)
+    whole = axis == len(shape) - 1 and block_size in (16, 32, 64, 128) and shape[axis] % block_size == 0
+    assert _config_feed(x, scale, out, qemu_q.Datapath(rounding="up"), axis=axis,
+                        block_size=block_size) == ("whole blocks" if whole else "buffered")
+    for dp in BLOCK_OPTIONS:
+        if out.startswith("float") and dp.get("nan_to_integer"):
+            dp = {k: v for k, v in dp.items() if k != "nan_to_integer"}
+        w = words if dp["rounding"] == "stochastic" else None
+
+        def run():
+            return qemu_q.quantize_linear(x, scale, zero_point, output_dtype=out, axis=axis, block_size=block_size,
+                                          datapath=qemu_q.Datapath(**dp), random_bits=w)
+        got = run()
+        check(got, _oracle_by_parameter(x, scale, zero_point, out, dp, w, axis, block_size), f"{out} {dp}")
+        assert_same_bits(got, _reference(run), f"{out} {dp} vs datapath_one")
+        assert_same_bits(got, _pieces(run), f"{out} {dp} vs the cursor's pieces")
+
+
+@pytest.mark.parametrize("out", ["int8", "int4", "float8e4m3fn", "float4e2m1"])
+@pytest.mark.parametrize("shape", [(3, 5, 1500), (2, 700, 6), (1300, 4, 2), (2, 5000), (5000, 2)],
+                         ids=lambda v: "x".join(map(str, v)))
+def test_per_axis_buffered_on_every_axis(shape, out):
+    # Every axis: the last (per-element parameters from the window: rows of 2 to 5000,
+    # across its 4096), the others (one parameter per run of 2 to 7500 elements).
+    rng = np.random.default_rng(len(shape) * 7 + shape[-1])
+    x = _mixed_input(shape, 41)
+    words = random_words(shape, 42)
+    for axis in range(len(shape)):
+        scale = f32(rng.uniform(0.05, 3, shape[axis]))
+        zero_point = None
+        if out == "int8":
+            zero_point = rng.integers(-10, 10, shape[axis]).astype(np.int8)
+        for dp in BLOCK_OPTIONS:
+            if out.startswith("float") and dp.get("nan_to_integer"):
+                dp = {k: v for k, v in dp.items() if k != "nan_to_integer"}
+            w = words if dp["rounding"] == "stochastic" else None
+
+            def run():
+                return qemu_q.quantize_linear(x, scale, zero_point, output_dtype=out, axis=axis,
+                                              datapath=qemu_q.Datapath(**dp), random_bits=w)
+            got = run()
+            assert _config_feed(x, scale, out, qemu_q.Datapath(**dp), axis=axis) == "buffered"
+            assert_same_bits(got, _reference(run), f"{shape} axis {axis} {out} {dp} vs datapath_one")
+            assert_same_bits(got, _pieces(run), f"{shape} axis {axis} {out} {dp} vs the cursor's pieces")
+            if x.shape[axis] <= 1500 and dp["rounding"] in ("half_away", "stochastic"):
+                # the oracle on a slice of whole rows (every parameter), not every element
+                rows = tuple(slice(0, 2) if a != axis else slice(None) for a in range(len(shape)))
+                sub = np.ascontiguousarray(x[rows])
+                ws = None if w is None else np.ascontiguousarray(w[rows])
+                got_sub = qemu_q.quantize_linear(sub, scale, zero_point, output_dtype=out, axis=axis,
+                                                 datapath=qemu_q.Datapath(**dp), random_bits=ws)
+                check(got_sub, _oracle_by_parameter(sub, scale, zero_point, out, dp, ws, axis, 0),
+                      f"{shape} axis {axis} {out} {dp} oracle")
+
+
+def test_buffered_stochastic_words_are_each_elements_own():
+    # Blocks of 3 along the last axis and per axis along it: x / s = 2.25 everywhere, so
+    # the word alone decides each code (0xBFFFFFFF stays at 2, 0xC0000000 carries to 3);
+    # a word taken from another element (a buffer offset off by one, a block's first
+    # word) would show in the pattern.
+    shape = (50, 301)
+    rng = np.random.default_rng(51)
+    carries = rng.integers(0, 2, shape).astype(bool)
+    words = np.where(carries, np.uint32(0xC0000000), np.uint32(0xBFFFFFFF)).astype(np.uint32)
+    want = np.where(carries, 3, 2).astype(np.int8)
+    dp = qemu_q.Datapath(rounding="stochastic")
+    for scale, kw in ((np.full((50, 101), 0.5, np.float32), {"axis": 1, "block_size": 3}),
+                      (np.full((17, 301), 0.5, np.float32), {"axis": 0, "block_size": 3}),
+                      (np.full(301, 0.5, np.float32), {"axis": 1}),
+                      (np.full(50, 0.5, np.float32), {"axis": 0})):
+        x = np.full(shape, 1.125, np.float32)
+        for n in (1, 2, 3):
+            got = qemu_q.quantize_linear(x, scale, output_dtype="int8", datapath=dp, random_bits=words,
+                                         n_threads=n, **kw)
+            assert_same_bits(got, want, f"{kw} n_threads={n}")
+
+
+@pytest.mark.parametrize("out", ["int8", "uint16", "int4", "float8e4m3fn", "float6e3m2"])
+def test_buffered_feed_independent_of_threads_and_levels(out):
+    # Above the one-thread threshold and across tasks that cut blocks and rows: blocked 32
+    # and 33 along the last axis (ragged), 32 and 128 tiling the rows (whole blocks), 7
+    # along the first, per axis on both axes; every thread count and level against
+    # datapath_one and the cursor's pieces.
+    inputs = {shape: (_mixed_input(shape, 61), random_words(shape, 62)) for shape in ((70, 3001), (50, 4096))}
+    rng = np.random.default_rng(63)
+    layouts = [((70, 3001), 1, 32), ((70, 3001), 1, 33), ((70, 3001), 0, 7), ((70, 3001), 0, 0),
+               ((70, 3001), 1, 0), ((50, 4096), 1, 32), ((50, 4096), 1, 128)]
+    level = _kernels.active.level
+    options = [dict(rounding=r) for r in ROUNDINGS] + BLOCK_OPTIONS + [dict(subnormals="flush_outputs")]
+    try:
+        for (shape, axis, block_size), dp in itertools.product(layouts, options):
+            x, words = inputs[shape]
+            scale = _layout_parameters(x.shape, axis, block_size, rng)
+            if out.startswith("float") and dp.get("nan_to_integer"):
+                dp = {k: v for k, v in dp.items() if k != "nan_to_integer"}
+            w = words if dp.get("rounding") == "stochastic" else None
+
+            def run(n=1):
+                return quantize(x, scale, out, dp, w, axis=axis, block_size=block_size, n_threads=n)
+            first = _reference(run)
+            assert_same_bits(_pieces(run), first, f"{out} {dp} {axis} {block_size} pieces")
+            for lv, n in itertools.product(LEVELS, (1, 2, 3)):
+                _kernels.use(lv)
+                assert _kernels.active.level == lv
+                assert_same_bits(run(n), first, f"{out} {dp} axis {axis} block {block_size} level {lv} n={n}")
+    finally:
+        _kernels.use(level)
