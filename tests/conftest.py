@@ -1,6 +1,12 @@
 import pathlib
 
 import pytest
+from hypothesis import settings
+
+# Every hypothesis test draws the same examples on every run (a CI failure reproduces), and
+# keeps no example database between runs.
+settings.register_profile("qemu_q", derandomize=True, database=None, print_blob=True)
+settings.load_profile("qemu_q")
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
 

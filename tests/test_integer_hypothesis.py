@@ -27,7 +27,9 @@ def _codes(draw, type_name, shape):
 def matmul_cases(draw):
     m, k, n = draw(st.integers(1, 4)), draw(st.integers(1, 9)), draw(st.integers(1, 4))
     a_batch = draw(st.lists(st.integers(1, 3), max_size=2))
-    b_batch = draw(st.lists(st.sampled_from([1] + a_batch[-1:]), max_size=len(a_batch)))
+    # b's batch dimensions align with a's last ones: each is 1 or a's dimension there
+    b_rank = draw(st.integers(0, len(a_batch)))
+    b_batch = [draw(st.sampled_from([1, d])) for d in a_batch[len(a_batch) - b_rank:]]
     a_shape = (k,) if draw(st.booleans()) else tuple(a_batch) + (m, k)
     b_shape = (k,) if draw(st.booleans()) else tuple(b_batch) + (k, n)
     a_type, b_type = draw(st.sampled_from(sorted(TYPES))), draw(st.sampled_from(sorted(TYPES)))
