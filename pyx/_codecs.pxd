@@ -864,19 +864,50 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # magnitude those loops hand them: a float32 t = |value| / ulp with t < 2**24, split into
 # whole = floor(t) (a truncation) and frac = t - whole, which is exact (Sterbenz for
 # t >= 1, frac = t below).
-cdef inline bint stochastic_carry_f32(float frac, uint32_t random_word) noexcept nogil:
-    # The carry out of 32 bits when random_word is added to W = floor(frac * 2**32), the
-    # first 32 bits of the fraction (0 <= frac < 1), as round_magnitude adds them. f =
-    # frac * 2**32 is exact; from 2**31 up it is an integer and f - 2**31 is exact, below
-    # it the truncation to int32 is the floor: one conversion, always in range, gives W or
-    # W - 2**31, and the bit 31 put back gives W - 2**31 as a signed int32 either way.
-    # W + word >= 2**32 <=> W - 2**31 > 2**31 - 1 - word, a signed compare on both sides
-    # (AVX2 has no unsigned one).
-    cdef float f = frac * <float>4294967296.0
-    cdef int32_t big = -(<int32_t>(f >= <float>2147483648.0))
-    cdef float low = f - bits_float(<uint32_t>(big & 0x4F000000))  # 2**31 where big
-    cdef int32_t below = (<int32_t>low) | (~big & <int32_t>(-2147483647 - 1))
-    return below > <int32_t>(<uint32_t>0x7FFFFFFF - random_word)
+# The stochastic carry and rounding are C with always_inline: as `cdef inline` functions
+# GCC called them out of line from the largest loop dispatchers (their inlining budget
+# spent), which left those loops scalar (int8 stochastic per axis at 10x the default).
+#
+# stochastic_carry_f32: the carry out of 32 bits when random_word is added to W =
+# floor(frac * 2**32), the first 32 bits of the fraction (0 <= frac < 1), as
+# round_magnitude adds them. f = frac * 2**32 is exact; from 2**31 up it is an integer and
+# f - 2**31 is exact, below it the truncation to int32 is the floor: one conversion,
+# always in range, gives W or W - 2**31, and the bit 31 put back gives W - 2**31 as a
+# signed int32 either way. W + word >= 2**32 <=> W - 2**31 > 2**31 - 1 - word, a signed
+# compare on both sides (AVX2 has no unsigned one).
+# datapath_round_f32_stochastic: on the magnitude, as round_magnitude defines it: the
+# carry adds one unit away from 0; q's sign put back on the bits, then one truncation.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #include <math.h>
+    #if defined(__GNUC__) || defined(__clang__)
+    #define QEMU_Q_ALWAYS_INLINE static inline __attribute__((always_inline))
+    #elif defined(_MSC_VER)
+    #define QEMU_Q_ALWAYS_INLINE static __forceinline
+    #else
+    #define QEMU_Q_ALWAYS_INLINE static inline
+    #endif
+    QEMU_Q_ALWAYS_INLINE float qemu_q_bits_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+    QEMU_Q_ALWAYS_INLINE uint32_t qemu_q_f32_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+    QEMU_Q_ALWAYS_INLINE int qemu_q_stochastic_carry_f32(float frac, uint32_t random_word) {
+        float f = frac * 4294967296.0f;
+        int32_t big = -(int32_t)(f >= 2147483648.0f);
+        float low = f - qemu_q_bits_f32((uint32_t)big & 0x4F000000u);
+        int32_t below = (int32_t)low | (int32_t)(~(uint32_t)big & 0x80000000u);
+        return below > (int32_t)(0x7FFFFFFFu - random_word);
+    }
+    QEMU_Q_ALWAYS_INLINE int32_t qemu_q_round_f32_stochastic(float q, uint32_t random_word) {
+        float a = fabsf(q);
+        float whole = (float)(int32_t)a;
+        float one = qemu_q_bits_f32(0x3F800000u
+                                    & (uint32_t)-(int32_t)qemu_q_stochastic_carry_f32(a - whole, random_word));
+        return (int32_t)qemu_q_bits_f32((qemu_q_f32_bits(q) & 0x80000000u) | qemu_q_f32_bits(whole + one));
+    }
+    """
+    bint stochastic_carry_f32 "qemu_q_stochastic_carry_f32" (float frac, uint32_t random_word) noexcept nogil
+    int32_t datapath_round_f32_stochastic "qemu_q_round_f32_stochastic" (float q, uint32_t random_word) noexcept nogil
 
 
 # 1 where round_magnitude adds one to `whole`, one function per mode (odd: whole & 1;
@@ -1016,12 +1047,6 @@ cdef inline int32_t datapath_round_f32_to_odd(float q, uint32_t random_word) noe
     whole = whole | <int32_t>(<float>whole != a)
     return <int32_t>copysign_f32(<float>whole, q)
 
-
-cdef inline int32_t datapath_round_f32_stochastic(float q, uint32_t random_word) noexcept nogil:
-    # on the magnitude, as round_magnitude defines it: the carry adds one unit away from 0
-    cdef float a = fabsf(q)
-    cdef float whole = <float><int32_t>a
-    return <int32_t>copysign_f32(whole + one_if(stochastic_carry_f32(a - whole, random_word)), q)
 
 
 # Double helpers of the staged datapath loops (_quantize.pyx, run_datapath_wide),

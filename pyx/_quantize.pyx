@@ -331,12 +331,14 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
 # is formed in float32 (the ONNX float32 division, or scale_precision="float32"), each
 # step of datapath_one is one float32 operation or an integer operation on the bits:
 # the quotient x / s or x * (1 / s) (one IEEE rounding each, as datapath_quotient's
-# float32 branch), the input flush as a select, the rounding by mode on whole = floor(|q|)
-# and the exact frac = |q| - whole (datapath_round_up_<mode> in _codecs.pxd), the zero
-# point, clamp and NaN rule in int32. No branch depends on an element, and the rounding
-# mode, the scale mode and whether the parameters vary are constants of each loop
-# (_datapath_loops.pxi.tp), so the compiler vectorizes every one of them. The bits are
-# datapath_one's (tests/test_datapath_fast.py runs both against the exact oracle).
+# float32 branch), the input flush as a select; integer codes: q clamped in float32 to the
+# codes' range less the zero point, then rounded by mode to one integer
+# (datapath_round_f32_<mode> in _codecs.pxd); small floats: the mode's compare on the
+# rounded count of ulps and its exact fraction (datapath_round_up_<mode>). No branch
+# depends on an element, and the rounding mode, the scale mode and the parameter layout
+# are constants of each loop (_datapath_loops.pxi.tp), so the compiler vectorizes every
+# one of them. The bits are datapath_one's (tests/test_datapath_fast.py runs both
+# against the exact oracle).
 # run_datapath_f32 and its loops, one per rounding mode, scale mode and parameter layout,
 # generated from _datapath_loops.pxi.tp by setup.py.
 include "_datapath_loops.pxi"
