@@ -53,8 +53,8 @@ cdef enum:
 
 cdef enum DatapathFeed:
     # How quantize_range feeds a plan's datapath loops.
-    FEED_PIECES = 0      # the general cursor's pieces (per tensor; the scalar datapath_one)
-    FEED_BUFFERED = 1    # quantize_datapath_f32: long runs and L1 parameter buffers
+    FEED_PIECES = 0      # the general cursor's pieces (the scalar datapath_one, the staged loops)
+    FEED_BUFFERED = 1    # quantize_datapath_f32: every float32 loop plan (runs in L1-sized chunks)
 
 # Test and benchmark hook (set_datapath_feed): False gives every plan FEED_PIECES, the
 # feeding before the buffered one, so that the two compare in one build.
@@ -560,13 +560,16 @@ cdef inline void quantize_last_axis_blocks(const float* x, code_storage_t* y, Py
         piece = c.end
 
 
-# The datapath's float32 loops on per-axis and blocked layouts. The general cursor's
+# The datapath's float32 loops, per tensor, per axis and blocked. The general cursor's
 # pieces gave them one call per block or per row piece, each converting its scale and
 # forming its reciprocal; a block of 32 spent as long entering and leaving its loop (set-up,
 # scalar tail) as in it. Here the runs come from the cursor uncut (next_segment up to the
 # task's end), and:
-# - a run of DATAPATH_DIRECT_RUN elements or more is one call, in DATAPATH_PIECE chunks:
-#   the `_one` loop on its one scale, or the buffered loop on its converted parameters;
+# - a run of DATAPATH_DIRECT_RUN elements or more is one call per DATAPATH_PIECE chunk:
+#   the `_one` loop on its one scale, or the buffered loop on its converted parameters (a
+#   per-tensor run too: in chunks of 1024 the stochastic int8 loop took half the time of
+#   one call over the task's 8M elements, and the other options 0.5-0.9x of the default;
+#   docs/performance.md);
 # - shorter runs (blocks, short rows) are gathered, their parameters spread out per
 #   element in L1 buffers, into one buffered call per DATAPATH_PIECE elements.
 # The parameters are converted (datapath_f32_parameters: the float32 scale flushed, its
@@ -1015,15 +1018,16 @@ cdef class QuantizeConfig:
         self.plan.saturate = saturate
         check_datapath_wide(datapath_wide, &self.plan, small_float_id)
         self.plan.datapath_wide = datapath_wide
-        self.plan.datapath_feed = FEED_BUFFERED if datapath_f32 and granularity != PER_TENSOR else FEED_PIECES
+        self.plan.datapath_feed = FEED_BUFFERED if datapath_f32 else FEED_PIECES
         set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
     @property
     def datapath_feed(self):
         """How the float32 datapath loops are fed: "whole blocks" (blocks of 16, 32, 64 or
         128 tiling the rows: quantize_datapath_f32_whole_blocks), "buffered"
-        (quantize_datapath_f32: the other per-axis and blocked layouts), "pieces" (the
-        general cursor: per tensor, the scalar path, or set_datapath_feed(False))."""
+        (quantize_datapath_f32: per tensor and the other per-axis and blocked layouts),
+        "pieces" (the general cursor: the scalar path, the staged loops, or
+        set_datapath_feed(False))."""
         if self.plan.datapath_feed != FEED_BUFFERED or not datapath_feed_enabled:
             return "pieces"
         if self.plan.layout.granularity == BLOCKED and whole_blocks(&self.plan.layout):

@@ -569,7 +569,8 @@ def test_per_axis_and_blocked_datapaths_take_the_buffered_feed():
         wide = np.ones((3, 4, 64), np.float32)
         assert _config_feed(wide, np.ones((3, 4, 2), np.float32), out, dp, axis=2, block_size=32) == "whole blocks"
         assert _config_feed(wide, np.ones((3, 1, 64), np.float32), out, dp, axis=1, block_size=4) == "buffered"
-        assert _config_feed(x, np.float32(0.5), out, dp) == "pieces"
+        # per tensor: one run, fed in DATAPATH_PIECE chunks
+        assert _config_feed(x, np.float32(0.5), out, dp) == "buffered"
         # the default datapath and the scalar datapath_one keep the cursor's pieces
         assert _config_feed(x, np.ones(10, np.float32), out, qemu_q.Datapath(), axis=2) == "pieces"
         assert _config_feed(x, np.ones(10, np.float32), out, qemu_q.Datapath(scale_precision="float64"),
