@@ -151,27 +151,38 @@ cdef class RescaleConfig:
     checked here."""
     cdef RescalePlan plan
 
-    def __init__(self, *, str scheme, bint double_round, int out_bits, bint out_signed,
-                 Py_ssize_t channels, Py_ssize_t inner):
+    def __init__(self, *, str scheme, bint double_round, int64_t lo, int64_t hi, int out_bytes,
+                 uint64_t mask, Py_ssize_t channels, Py_ssize_t inner):
+        # lo, hi: the output type's saturation range (narrow ranges included); out_bytes:
+        # its storage width; mask: the bits of the storage element a value's two's complement
+        # fills (an ONNX int4's low 4 bits, a family int5's whole byte: qemu_q/codecs.py).
         if scheme not in SCHEMES:
             raise ValueError(f"RescaleConfig: scheme={scheme!r}; allowed {', '.join(SCHEMES)}")
         if double_round and scheme != "tosa32":
             raise ValueError("RescaleConfig: double_round applies to tosa32 only")
-        if out_bits not in (2, 4, 8, 16, 32):
-            raise ValueError(f"RescaleConfig: out_bits={out_bits}; allowed 2, 4, 8, 16, 32")
+        if out_bytes not in (1, 2, 4):
+            raise ValueError(f"RescaleConfig: out_bytes={out_bytes}; allowed 1, 2, 4")
+        width = int(mask).bit_length()
+        if mask != (1 << width) - 1 or not 2 <= width <= 8 * out_bytes:
+            raise ValueError(f"RescaleConfig: mask={mask:#x}; allowed 2**k - 1 with 2 <= k <= "
+                             f"{8 * out_bytes} (the storage's bits)")
+        # every value of [lo, hi] must have its own code in `width` bits
+        if lo < 0:
+            fits = -(1 << (width - 1)) <= lo <= hi < (1 << (width - 1))
+        else:
+            fits = lo <= hi < (1 << width)
+        if not fits:
+            raise ValueError(f"RescaleConfig: lo={lo}, hi={hi} do not fit {width}-bit codes "
+                             f"(mask={mask:#x})")
         if channels < 1 or inner < 1:
             raise ValueError(f"RescaleConfig: channels={channels}, inner={inner}; both must be >= 1")
         p = &self.plan
         p.scheme = SCHEMES[scheme]
         p.double_round = double_round
-        p.out_bytes = max(1, out_bits // 8)
-        p.mask = (<uint64_t>1 << out_bits) - 1
-        if out_signed:
-            p.lo = -(<int64_t>1 << (out_bits - 1))
-            p.hi = (<int64_t>1 << (out_bits - 1)) - 1
-        else:
-            p.lo = 0
-            p.hi = (<int64_t>1 << out_bits) - 1
+        p.out_bytes = out_bytes
+        p.mask = mask
+        p.lo = lo
+        p.hi = hi
         p.channels = channels
         p.inner = inner
 

@@ -434,8 +434,8 @@ def test_kernel_entry_checks_its_arguments():
     # The entry refuses what the Python layer would: no shift count outside C's defined range
     # reaches the loop, whoever calls it.
     module = _kernels.active.requantize
-    config = module.RescaleConfig(scheme="tosa32", double_round=False, out_bits=8, out_signed=True,
-                                  channels=1, inner=4)
+    config = module.RescaleConfig(scheme="tosa32", double_round=False, lo=-128, hi=127, out_bytes=1,
+                                  mask=0xFF, channels=1, inner=4)
     acc = np.arange(4, dtype=np.int32)
     one = lambda v: np.array([v], np.int32)  # noqa: E731
     out = np.empty(4, np.uint8)
@@ -450,8 +450,9 @@ def test_kernel_entry_checks_its_arguments():
     assert module.requantize(acc, one(2**30), one(31), one(0), out, config, 1) == (-1, 0)
     assert out.tolist() == [0, 1, 1, 2]   # x / 2, ties up: 0.5 -> 1, 1.5 -> 2
     for kwargs, pattern in [({"scheme": "x"}, "scheme='x'"), ({"double_round": True, "scheme": "gemmlowp"}, "tosa32 only"),
-                            ({"out_bits": 12}, "out_bits=12"), ({"channels": 0}, "channels=0")]:
-        fields = dict(scheme="tosa32", double_round=False, out_bits=8, out_signed=True, channels=1, inner=4)
+                            ({"out_bytes": 3}, "out_bytes=3"), ({"channels": 0}, "channels=0")]:
+        fields = dict(scheme="tosa32", double_round=False, lo=-128, hi=127, out_bytes=1, mask=0xFF,
+                      channels=1, inner=4)
         fields.update(kwargs)
         with pytest.raises(ValueError, match=pattern):
             module.RescaleConfig(**fields)

@@ -24,6 +24,7 @@ from .._dispatch import Path
 from .._dtypes import ElementType, element_type
 from .._threads import in_default_fp_environment, resolve_threads
 from .._validate import cached_plan
+from ..codecs import INTEGER_BITS, is_family
 
 SCHEMES = ("tosa32", "tosa16", "gemmlowp", "tflite_single", "tvm_upward", "tvm_tonearest")
 
@@ -31,7 +32,11 @@ SCHEMES = ("tosa32", "tosa16", "gemmlowp", "tflite_single", "tvm_upward", "tvm_t
 # (docs/semantics.md), one home. TOSA's shift is a right shift; the others' shift is
 # TFLite's exponent (> 0 shifts left).
 from .._requantize import MULTIPLIER_RANGES, SHIFT_RANGES  # noqa: E402
+# The ONNX integer types by name; beside them every codec-family integer type
+# (qemu_q.integer_type: 2..16 bits, signed or not, narrow_range).
 OUTPUT_TYPES = ("int8", "uint8", "int16", "uint16", "int4", "uint4", "int2", "uint2", "int32")
+_ALLOWED = (f"{', '.join(OUTPUT_TYPES)}, or a codec-family integer type "
+            f"(qemu_q.integer_type(bits, signed, narrow_range), bits {INTEGER_BITS[0]}..{INTEGER_BITS[1]})")
 
 # pyx/_fixedpoint.pxd's FixedPointStatus: why the source leaves an element undefined.
 _STATUS = {
@@ -69,8 +74,8 @@ def _double_round(value, scheme: str) -> bool:
 
 def _output_type(value) -> ElementType:
     etype = element_type(value, "output_dtype")
-    if etype.name not in OUTPUT_TYPES:
-        raise ValueError(f"output_dtype={value!r} ({etype.name}); allowed {', '.join(OUTPUT_TYPES)}")
+    if etype.name not in OUTPUT_TYPES and not (is_family(etype) and etype.kind == "integer"):
+        raise ValueError(f"output_dtype={value!r} ({etype.name}); allowed {_ALLOWED}")
     return etype
 
 
@@ -94,8 +99,14 @@ def requantize_plan(scheme, double_round, out_type, acc_shape, axis, channels) -
                 f"acc.shape[{axis}] = {acc_shape[axis]} (or be scalars)")
         count = channels
         inner = max(1, math.prod(acc_shape[axis + 1:]))
-    fields = dict(scheme=scheme, double_round=double_round, out_bits=out_type.bits,
-                  out_signed=out_type.signed, channels=count, inner=inner)
+    storage_bits = 8 * out_type.storage.itemsize
+    fields = dict(scheme=scheme, double_round=double_round,
+                  lo=int(out_type.lo), hi=int(out_type.hi), out_bytes=out_type.storage.itemsize,
+                  # an ONNX type's code is its low `bits` bits (int4 in the low nibble); a
+                  # family integer is stored as its value, the storage's two's complement
+                  # (qemu_q/codecs.py), as quantize_linear writes it
+                  mask=(1 << (storage_bits if is_family(out_type) else out_type.bits)) - 1,
+                  channels=count, inner=inner)
     return RequantizePlan(f"requantize[{scheme}]", element_type("int32"), out_type,
                           tuple(fields.items()), scheme=scheme, channels=count)
 
@@ -154,9 +165,13 @@ def requantize(acc: np.ndarray, multiplier, shift, *, scheme: str, zero_point=0,
     arrays: scalars for per-tensor, 1-D of length acc.shape[axis] for per-channel (scalars
     broadcast). `shift` follows each scheme's own convention (TOSA: a right shift in
     [2, 62]; the others: TFLite's exponent, > 0 shifts left). `double_round` (tosa32 only;
-    None means False). `output_dtype`: int8, uint8, int16, uint16, int4, uint4, int2, uint2
-    or int32; `zero_point` must lie in its range. An element the scheme's source leaves
-    undefined (a TOSA REQUIRE, a TFLite DCHECK, a signed overflow) raises ValueError
+    None means False). `output_dtype`: int8, uint8, int16, uint16, int4, uint4, int2, uint2,
+    int32, or a codec-family integer type (`qemu_q.integer_type(bits, signed,
+    narrow_range)`, 2..16 bits: the result saturates to its [lo, hi], e.g. [-127, 127]
+    for `integer_type(8, narrow_range=True)`, and is an array of its storage, the values
+    themselves: int8 for an int5, uint16 for a uint12); minifloat types are refused.
+    `zero_point` must lie in the output type's [lo, hi]. An element the scheme's source
+    leaves undefined (a TOSA REQUIRE, a TFLite DCHECK, a signed overflow) raises ValueError
     naming it.
     """
     acc = _coerce.as_array(acc, "acc")
