@@ -201,6 +201,15 @@ def parameters(etype: ElementType) -> dict:
     raise TypeError(f"{etype.name} is not an integer (2..16 bits) or minifloat code type")
 
 
+def max_finite(etype: ElementType) -> Fraction:
+    """The largest finite value of a small-float code type (ONNX or family), exactly."""
+    if etype.kind != "small_float":
+        raise TypeError(f"{etype.name} is not a minifloat code type")
+    p = parameters(etype)
+    return MinifloatFormat(p["exponent_bits"], p["mantissa_bits"], p["bias"], p["inf"], p["nan"],
+                           p["negative_zero"]).max_finite
+
+
 def is_family(etype: ElementType) -> bool:
     """A codec-family type that is not an ONNX type."""
     return etype.onnx_id == 0 and etype.kind in ("integer", "small_float")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from . import _coerce
+from . import _coerce, codecs
 from ._dtypes import ElementType, element_type
 from ._opspec import get_spec
 
@@ -22,10 +22,13 @@ _SMALLEST_SCALE = np.float32(np.finfo(np.float32).smallest_subnormal)
 
 def _output_type(dtype) -> ElementType:
     etype = element_type(dtype, "dtype")
+    if codecs.is_family(etype):
+        return etype
     allowed = get_spec("QuantizeLinear").allowed_types("y")
     if etype.onnx_type not in allowed:
         names = ", ".join(sorted(t[len("tensor("):-1] for t in allowed))
-        raise ValueError(f"dtype={etype.name!r} is not a QuantizeLinear output type; allowed: {names}")
+        raise ValueError(f"dtype={etype.name!r} is not a QuantizeLinear output type; allowed: {names}, "
+                         f"or a codec-family type (qemu_q.integer_type, qemu_q.minifloat_type)")
     return etype
 
 
@@ -35,7 +38,7 @@ def _integer_range(etype: ElementType, reduce_range: bool) -> tuple[int, int]:
         return qmin, qmax
     if etype.bits <= 2:
         raise ValueError(f"reduce_range=True with dtype={etype.name!r}: one bit less leaves no "
-                         f"symmetric range; allowed with 4-, 8- and 16-bit integer types")
+                         f"symmetric range; allowed with integer types of 3 to 16 bits")
     # One bit less, as onnxruntime's reduce_range does for 8-bit types.
     return qmin >> 1, qmax >> 1
 
@@ -84,8 +87,10 @@ def choose_qparams(x: np.ndarray, dtype: object = "int8", *, axis: int | None = 
     `block_size` to quantize_linear.
 
     x: a float32, float16 or bfloat16 array. dtype: a QuantizeLinear output type (name,
-    ONNX data-type int or dtype): int8, uint8, int16, uint16, int4, uint4, int2, uint2, or
-    a float8/float6/float4 type. Groups: per tensor (axis=None), per axis (axis=k: one
+    ONNX data-type int or dtype): int8, uint8, int16, uint16, int4, uint4, int2, uint2, a
+    float8/float6/float4 type, or a codec-family type (`qemu_q.integer_type(bits, signed,
+    narrow_range)`, `qemu_q.minifloat_type(...)`), whose range or largest finite value the
+    rules below read as they read an ONNX type's. Groups: per tensor (axis=None), per axis (axis=k: one
     pair per index along k) or blocked (axis=k, block_size=B > 0: one pair per B
     consecutive elements along k, the last block possibly shorter).
 
@@ -93,8 +98,8 @@ def choose_qparams(x: np.ndarray, dtype: object = "int8", *, axis: int | None = 
     (exact for the input types): lo = min(0, min x), hi = max(0, max x), amax = max(-lo, hi).
     An infinite value is refused (no finite scale covers it).
 
-    Integer types, range [qmin, qmax] (reduce_range: [qmin >> 1, qmax >> 1], as
-    onnxruntime; not for int2/uint2):
+    Integer types, range [qmin, qmax] (a narrow-range type's: [-127, 127] for int8 narrow;
+    reduce_range: [qmin >> 1, qmax >> 1], as onnxruntime; not for 2-bit types):
       asymmetric (symmetric None or False): scale = float32((hi - lo) / (qmax - qmin)),
         the difference and the quotient each rounded to float64, then to float32;
         zero_point = clamp(round_half_even(qmin - lo / scale), qmin, qmax), with lo / scale
@@ -105,7 +110,7 @@ def choose_qparams(x: np.ndarray, dtype: object = "int8", *, axis: int | None = 
     Float types (always symmetric; symmetric=False is refused): zero_point = 0 of that
       type, scale = float32(amax / max_finite), rounded once (max_finite: 448 for
       float8e4m3fn, 240 fnuz, 57344 e5m2 and fnuz, 7.5 float6e2m3, 28 float6e3m2, 6
-      float4e2m1).
+      float4e2m1; a family minifloat's largest finite code).
     A group whose range is zero (all zero or all NaN) gets scale 1; a nonzero range whose
     scale rounds to 0 in float32 gets the smallest positive float32, 2**-149.
 
@@ -155,7 +160,7 @@ def choose_qparams(x: np.ndarray, dtype: object = "int8", *, axis: int | None = 
         if symmetric is False or reduce_range:
             raise ValueError(f"dtype={etype.name!r} is a float type: its zero point is 0 (symmetric) "
                              f"and its range is fixed; leave symmetric=None and reduce_range=False")
-        scale = _scale(amax, float(ml_dtypes.finfo(etype.dtype).max))
+        scale = _scale(amax, float(codecs.max_finite(etype)))
         return scale, np.zeros(scale.shape, dtype=etype.dtype)
     qmin, qmax = _integer_range(etype, reduce_range)
     if symmetric:

@@ -24,6 +24,34 @@ FLOAT_TYPES = {  # name: (largest finite value, mantissa bits, smallest subnorma
     "float4e2m1": (6, 1, Fraction(1, 2)),
 }
 
+# Codec-family types (issue 15): (factory arguments, range or largest finite value), each
+# range and value worked out from the family's definition (docs/semantics.md, "Codec family").
+FAMILY_INTEGERS = {
+    "int5": ((5, True, False), (-16, 15)), "uint12": ((12, False, False), (0, 4095)),
+    "int8_narrow": ((8, True, True), (-127, 127)), "uint4_narrow": ((4, False, True), (0, 14)),
+    "int3_narrow": ((3, True, True), (-3, 3)),
+}
+FAMILY_FLOATS = {
+    # e3m4, bias 3, IEEE NaNs, no inf: exponent field 6 at most: 2**3 * (1 + 15/16)
+    "float8e3m4b3_ieee": ((3, 4, None, False, "ieee", True), (Fraction(31, 2), 4, Fraction(1, 2**6))),
+    # e5m3 FNUZ, bias 16: the all-ones magnitude is finite: 2**15 * (1 + 7/8)
+    "float9e5m3b16_fnuz": ((5, 3, None, False, "fnuz", False), (61440, 3, Fraction(1, 2**18))),
+    # e4m3 with IEEE inf and NaN, bias 7: exponent field 14 at most: 2**7 * (1 + 7/8)
+    "float8e4m3b7_ieee_inf": ((4, 3, None, True, "ieee", True), (240, 3, Fraction(1, 2**9))),
+}
+INTEGER_TYPES.update({name: limits for name, (_, limits) in FAMILY_INTEGERS.items()})
+FLOAT_TYPES.update({name: limits for name, (_, limits) in FAMILY_FLOATS.items()})
+
+
+def type_argument(name):
+    """What choose_qparams is given for a table name: the ONNX name, or the family type."""
+    if name in FAMILY_INTEGERS:
+        return qemu_q.integer_type(*FAMILY_INTEGERS[name][0])
+    if name in FAMILY_FLOATS:
+        e, m, bias, inf, nan, negative_zero = FAMILY_FLOATS[name][0]
+        return qemu_q.minifloat_type(e, m, bias, inf=inf, nan=nan, negative_zero=negative_zero)
+    return name
+
 
 def round_binary(value: Fraction, precision: int, emin: int) -> Fraction:
     """value rounded to nearest, ties to even, to `precision` significant bits, subnormals
@@ -106,7 +134,8 @@ def expected_shape(shape, axis, block_size):
 
 @st.composite
 def cases(draw):
-    name = draw(st.sampled_from(sorted(INTEGER_TYPES) + sorted(FLOAT_TYPES)))
+    name = draw(st.sampled_from(sorted(set(INTEGER_TYPES) - set(FAMILY_INTEGERS))
+                                + sorted(set(FLOAT_TYPES) - set(FAMILY_FLOATS))))
     shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=7))
     # Wide magnitudes (subnormal to huge), NaN, and tensors whose groups are all zero.
     elements = st.one_of(
@@ -185,6 +214,33 @@ def test_documented_examples():
     tiny = np.array([np.float32(2**-149)], dtype=np.float32)
     scale, _ = qemu_q.choose_qparams(tiny, "uint8")
     assert scale.view(np.uint32) == 1
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_INTEGERS) + sorted(FAMILY_FLOATS))
+def test_codec_family_types(name):
+    etype = type_argument(name)
+    x = np.array([[-1.0, 0.5, 2.0, np.nan, 3.25], [0.0, 1.0, 4.0, 3.0, -7.5],
+                  [2.0**-140, -3e38, 0.0, 1e-3, 0.0]], dtype=np.float32)
+    settings_ = ([(None, False)] if name in FAMILY_FLOATS else
+                 [(symmetric, reduce_range) for symmetric in (None, False, True)
+                  for reduce_range in (False, True)])
+    for axis, block_size in ((None, 0), (0, 0), (1, 2)):
+        for symmetric, reduce_range in settings_:
+            scale, zero_point = qemu_q.choose_qparams(x, etype, axis=axis, block_size=block_size,
+                                                      symmetric=symmetric, reduce_range=reduce_range)
+            assert zero_point.dtype == etype.dtype and scale.shape == expected_shape(x.shape, axis, block_size)
+            expected = expected_qparams(x, name, axis, block_size, symmetric, reduce_range)
+            for key, (want_scale, want_zero, _) in expected.items():
+                assert Fraction(float(scale[key])) == want_scale, (key, symmetric, reduce_range)
+                assert int(zero_point[key]) == want_zero, (key, symmetric, reduce_range)
+            kwargs = {} if axis is None else {"axis": axis, "block_size": block_size}
+            # quantize_linear takes them as they are (a family zero point in its storage)
+            assert qemu_q.quantize_linear(x, scale, zero_point, output_dtype=etype, **kwargs).shape == x.shape
+
+
+def test_codec_family_two_bit_reduce_range_refused():
+    with pytest.raises(ValueError, match="reduce_range=True with dtype='uint2_narrow'"):
+        qemu_q.choose_qparams(np.ones(3, np.float32), qemu_q.integer_type(2, False, True), reduce_range=True)
 
 
 def test_blocked_shape_and_partial_block():
