@@ -72,7 +72,7 @@ def stochastic_code(v: Fraction, word: int, fmt: str, flush: bool = False) -> in
     u, whole, frac32 = split(v, fmt)
     n = whole + (1 if frac32 + word >= TWO32 else 0)
     r = n * Fraction(2) ** u
-    m, bias, _, _ = FORMATS[fmt]
+    _, bias, _, _ = FORMATS[fmt]
     if flush and 0 < r < Fraction(2) ** (1 - bias):
         r = Fraction(0)
     return encode(r, v < 0, fmt)
@@ -129,10 +129,10 @@ B_INT = np.repeat(np.array([B_CODES], np.int8), 4, axis=1)
 
 
 def scales_for(fmt: str, band: str):
-    """(sa, sb, sy) float32 so that |acc| up to 128 * 127 reaches the band: "low" e4m3's or
-    e5m2's subnormals and the values below the smallest one, "high" the saturation bound
+    """(sa, sb, sy) float32 so that |acc| up to 128 * 127 reaches the band: "low" the
+    format's subnormals and the values below the smallest one, "high" the saturation bound
     (the largest |v| about 1.06 * max). sy is not a power of two: v has long expansions."""
-    m, bias, largest, _ = FORMATS[fmt]
+    _, bias, largest, _ = FORMATS[fmt]
     if band == "low":
         return np.float32(0.75), np.float32(1.0), np.float32(16256 * 0.75 / (2.0 ** (1 - bias) * 6))
     return np.float32(1.0), np.float32(1.0), np.float32(16256 / (float(largest) * 1.0625) * 1.0000001)
