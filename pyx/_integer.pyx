@@ -6,12 +6,13 @@
 # levels differ in vector width only, never in a bit.
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport fabs, fabsf, nearbyint, nearbyintf, isnan, isinf, isfinite, copysign
+from libc.math cimport fabs, fabsf, nearbyint, nearbyintf, isnan, isinf, isfinite, copysign, ldexp
 from libc.stdint cimport int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 
 from _codecs cimport (float_bits, bits_float, round_to_value_format, FMT_FLOAT32,
                       FMT_FLOAT16, FMT_BFLOAT16, round_magnitude, DP_HALF_EVEN, DP_STOCHASTIC,
-                      DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX)
+                      DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX, round_to_small_float_value,
+                      small_float_format, valid_small_float_id, SmallFloatFormat, SF_COUNT)
 from _tasks cimport run_tasks
 
 
@@ -904,7 +905,8 @@ cdef extern from *:
 cdef class RequantizeConfig:
     """How accumulators become output codes: the rule, the scale type (for the "float64"
     rule's multiplier), and either an integer output (zero point, range, code mask) or
-    float32 values for a float8 encoder (float_output)."""
+    float32 values for a float8 encoder (float_output; with the rounding "stochastic" the
+    values are already rounded onto the grid of the ONNX float8 type small_float_id)."""
     cdef readonly int rule
     cdef readonly int scale_format
     cdef readonly bint float_output
@@ -914,10 +916,11 @@ cdef class RequantizeConfig:
     cdef readonly int rounding
     cdef readonly int nan_to_integer
     cdef readonly int multiplier
+    cdef readonly int small_float_id
 
     def __init__(self, *, str rule, str scale_format, bint float_output, int zero_point=0,
                  int lo=0, int hi=0, int rounding=DP_HALF_EVEN, int nan_to_integer=DP_NAN_MIN,
-                 int multiplier=MULT_RULE):
+                 int multiplier=MULT_RULE, int small_float_id=-1):
         if rule not in RULES:
             raise ValueError(f"RequantizeConfig: unknown rule {rule!r}")
         if scale_format not in SCALE_FORMATS:
@@ -925,6 +928,8 @@ cdef class RequantizeConfig:
         if not float_output and not (lo <= zero_point <= hi):
             raise ValueError("RequantizeConfig: zero point outside [lo, hi]")
         check_datapath_codes("RequantizeConfig", rounding, nan_to_integer, multiplier, RULES[rule])
+        check_float8_output("RequantizeConfig", float_output, rounding, small_float_id)
+        self.small_float_id = small_float_id
         self.multiplier = multiplier
         self.rounding = rounding
         self.nan_to_integer = nan_to_integer
@@ -956,6 +961,12 @@ cdef struct RequantizeWork:
     int32_t nan_code         # the code a NaN value gives (datapath nan_to_integer)
     int multiplier           # MULT_RULE, or the datapath's multiplier
     const uint32_t* words    # rounding "stochastic": one word per output element, else NULL
+    # float_output under "stochastic": the float8 format the kernel rounds onto (its
+    # mantissa bits, smallest normal exponent, and half its smallest subnormal)
+    bint float_stochastic
+    int sf_mantissa_bits
+    int sf_min_exponent
+    float sf_below_zero
 
 
 cdef inline void check_datapath_codes(str where, int rounding, int nan_to_integer, int multiplier,
@@ -971,14 +982,35 @@ cdef inline void check_datapath_codes(str where, int rounding, int nan_to_intege
         raise ValueError(f"{where}: the float32 rule takes a float32 multiplier, not code {multiplier}")
 
 
+cdef inline void check_float8_output(str where, bint float_output, int rounding,
+                                     int small_float_id) except *:
+    # Only "stochastic" is rounded here for a float output (the float8 encoder rounds the
+    # other modes), onto one of the ONNX float8/float4/float6 grids.
+    if float_output and rounding == DP_STOCHASTIC and not 0 <= small_float_id < SF_COUNT:
+        raise ValueError(f"{where}: small_float_id={small_float_id}; a float output under the "
+                         f"rounding 'stochastic' needs an ONNX small-float id 0..{SF_COUNT - 1}")
+
+
+cdef inline void set_float8_rounding(RequantizeWork* w, bint float_output, int rounding,
+                                     int small_float_id) noexcept:
+    cdef SmallFloatFormat f
+    w.float_stochastic = float_output and rounding == DP_STOCHASTIC
+    w.sf_mantissa_bits = 0
+    w.sf_min_exponent = 0
+    w.sf_below_zero = 0.0
+    if w.float_stochastic:
+        f = small_float_format(small_float_id)
+        w.sf_mantissa_bits = f.mantissa_bits
+        w.sf_min_exponent = f.min_exponent
+        w.sf_below_zero = <float>ldexp(1.0, f.min_exponent - f.mantissa_bits - 1)
+
+
 cdef inline const uint32_t* random_words(int rounding, bint float_output, object random_bits,
                                          Py_ssize_t size, str where) except? NULL:
-    # Integer outputs under "stochastic" take one word per output; float outputs are rounded
-    # by the float8 encoder (which takes the words itself), so the kernel takes none.
+    # One word per output under "stochastic", integer or float8 (the kernel rounds both).
     cdef const uint32_t[::1] words
-    if (rounding == DP_STOCHASTIC and not float_output) != (random_bits is not None):
-        raise ValueError(f"{where}: random_bits go with the rounding 'stochastic' of integer "
-                         "outputs, and only with it")
+    if (rounding == DP_STOCHASTIC) != (random_bits is not None):
+        raise ValueError(f"{where}: random_bits go with the rounding 'stochastic', and only with it")
     if random_bits is None:
         return NULL
     words = random_bits
@@ -1031,6 +1063,30 @@ cdef inline double datapath_multiplier(float sa, float sb, float sy, int mode) n
     if mode == MULT_F64_DIVIDE:
         return p64 / <double>sy
     return p64 * (1.0 / <double>sy)
+
+
+cdef inline float float8_value(const RequantizeWork* w, double v, uint32_t word) noexcept nogil:
+    # The rule's value v for the float8 encoder (docs/semantics.md, "The integer ops under
+    # a datapath"): the exact value rounded to odd at 53 bits, the float64 rule's value, or
+    # the float32 rule's. Without "stochastic": v rounded to odd at float32's 24 bits, which
+    # the encoder rounds by any other mode as it would v. With "stochastic": v rounded here
+    # onto the float8 grid (QuantizeLinear's step 3, the word added to the first 32 dropped
+    # bits), unbounded above; the encoder then rounds nothing (it truncates: "toward_zero")
+    # and applies saturation, NaN and flush. The 53-bit odd value holds the exact value's
+    # first 32 dropped bits: they end at its bit 1 + 3 + 32 = 36 (e4m3; 35 for e5m2; a
+    # subnormal result keeps fewer bits, so they end higher), above its sticky bit 53.
+    # A nonzero v that rounds to 0 is passed as half the smallest subnormal with v's sign,
+    # which the truncation makes a zero of v's sign, as "v + zero point, then round" gives
+    # (a stored -0 plus a +0 zero point would be +0).
+    cdef double r
+    if not w.float_stochastic:
+        return float_to_odd(v)
+    if v == 0.0 or not isfinite(v):
+        return <float>v
+    r = round_to_small_float_value(v, w.sf_mantissa_bits, w.sf_min_exponent, DP_STOCHASTIC, word, False)
+    if r == 0.0:
+        return -w.sf_below_zero if v < 0.0 else w.sf_below_zero
+    return <float>r
 
 
 cdef inline int32_t saturate_code(double r, const RequantizeWork* w) noexcept nogil:
@@ -1167,7 +1223,7 @@ cdef void requantize_with_multiplier(const RequantizeWork* w, Py_ssize_t i, bint
         if finite and isfinite(m):
             v = times_wide(n, -shift, m, 53)
             if w.float_output:
-                w.values[i] = float_to_odd(v)
+                w.values[i] = float8_value(w, v, word)
             elif fabs(v) >= exact_limit(w.rounding):
                 w.codes[i] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
             else:
@@ -1186,7 +1242,7 @@ cdef void requantize_with_multiplier(const RequantizeWork* w, Py_ssize_t i, bint
             s = round_i128(n, -shift, 53, 1)  # to odd: the float32 conversion is then fl32(S)
         v32 = <float>s * <float>m  # m is a float32 value (check_datapath_codes)
         if w.float_output:
-            w.values[i] = v32
+            w.values[i] = float8_value(w, v32, word) if w.float_stochastic else v32
         else:
             w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w) & 0xFF)
         return
@@ -1194,7 +1250,7 @@ cdef void requantize_with_multiplier(const RequantizeWork* w, Py_ssize_t i, bint
         s = round_i128(n, -shift, 53, 0)  # fl64(S)
     d = s * m
     if w.float_output:
-        w.values[i] = float_to_odd(d)
+        w.values[i] = float8_value(w, d, word)
     else:
         w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding, word), w) & 0xFF)
 
@@ -1240,21 +1296,21 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
                     if not (isfinite(sa) and isfinite(sb) and isfinite(w.y_scale)) or w.y_scale == 0.0:
                         w.values[i] = <float>((<double>acc * sa * sb) / w.y_scale)
                     else:
-                        w.values[i] = float_to_odd(exact_value(acc, sa, sb, w.y_scale, 53))
+                        w.values[i] = float8_value(w, exact_value(acc, sa, sb, w.y_scale, 53), word)
                     continue
                 code = exact_code(acc, sa, sb, w.y_scale, w, word)
             elif w.rule == RULE_FLOAT32:
                 m32 = multiplier32(sa, sb, w.y_scale)
                 v32 = <float>acc * m32
                 if w.float_output:
-                    w.values[i] = v32
+                    w.values[i] = float8_value(w, v32, word) if w.float_stochastic else v32
                     continue
                 code = saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w)
             else:
                 m64 = multiplier_in_format(sa, sb, w.y_scale, w.scale_format)
                 d = <double>acc * m64
                 if w.float_output:
-                    w.values[i] = float_to_odd(d)
+                    w.values[i] = float8_value(w, d, word)
                     continue
                 d = d + <double>w.zero_point
                 code = saturate_code(round_by(d, w.rounding, word), w)
@@ -1292,6 +1348,7 @@ def requantize(const int32_t[:, ::1] acc, const float[::1] row_scale, const floa
     work.nan_code = nan_code_of(config.nan_to_integer, config.zero_point, config.lo, config.hi)
     work.multiplier = config.multiplier
     work.words = random_words(config.rounding, config.float_output, random_bits, acc.size, "requantize")
+    set_float8_rounding(&work, config.float_output, config.rounding, config.small_float_id)
     for i in range(1, col_scale.shape[0]):
         if float_bits(col_scale[i]) != float_bits(col_scale[0]):
             work.uniform_cols = False
@@ -1337,10 +1394,11 @@ cdef class FloatMatmulConfig:
     cdef readonly int rounding
     cdef readonly int nan_to_integer
     cdef readonly int multiplier
+    cdef readonly int small_float_id
 
     def __init__(self, *, str rule, str scale_format, bint float_output, int shift,
                  int zero_point=0, int lo=0, int hi=0, int rounding=DP_HALF_EVEN,
-                 int nan_to_integer=DP_NAN_MIN, int multiplier=MULT_RULE):
+                 int nan_to_integer=DP_NAN_MIN, int multiplier=MULT_RULE, int small_float_id=-1):
         if rule not in RULES:
             raise ValueError(f"FloatMatmulConfig: unknown rule {rule!r}")
         if scale_format not in SCALE_FORMATS:
@@ -1350,6 +1408,8 @@ cdef class FloatMatmulConfig:
         if not 0 <= shift <= 40:
             raise ValueError(f"FloatMatmulConfig: shift={shift}; allowed 0..40")
         check_datapath_codes("FloatMatmulConfig", rounding, nan_to_integer, multiplier, RULES[rule])
+        check_float8_output("FloatMatmulConfig", float_output, rounding, small_float_id)
+        self.small_float_id = small_float_id
         self.multiplier = multiplier
         self.rounding = rounding
         self.nan_to_integer = nan_to_integer
@@ -1399,7 +1459,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
         if finite and scales_ok:
             v = exact_value_wide(n, -shift, sa, sb, w.y_scale, 53)
             if w.float_output:
-                w.values[i] = float_to_odd(v)
+                w.values[i] = float8_value(w, v, word)
             elif fabs(v) >= exact_limit(w.rounding):
                 w.codes[i] = <uint8_t>((w.hi if v > 0 else w.lo) & 0xFF)
             else:
@@ -1419,7 +1479,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
         m32 = multiplier32(sa, sb, w.y_scale)
         v32 = <float>s * m32
         if w.float_output:
-            w.values[i] = v32
+            w.values[i] = float8_value(w, v32, word) if w.float_stochastic else v32
         else:
             w.codes[i] = <uint8_t>(saturate_code(v32 if isnan(v32) else round_by(v32, w.rounding, word) + w.zero_point, w) & 0xFF)
         return
@@ -1428,7 +1488,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
     m64 = multiplier_in_format(sa, sb, w.y_scale, w.scale_format)
     d = s * m64
     if w.float_output:
-        w.values[i] = float_to_odd(d)
+        w.values[i] = float8_value(w, d, word)
     else:
         w.codes[i] = <uint8_t>(saturate_code(round_by(d + <double>w.zero_point, w.rounding, word), w) & 0xFF)
 
@@ -1522,6 +1582,7 @@ def float_matmul_requantize(const int64_t[:, :, ::1] a_fixed, const int64_t[:, :
     work.rq.multiplier = config.multiplier
     work.rq.words = random_words(config.rounding, config.float_output, random_bits, items * rows * cols,
                                  "float_matmul_requantize")
+    set_float8_rounding(&work.rq, config.float_output, config.rounding, config.small_float_id)
     if config.float_output:
         values = out
         if values.shape[0] != items * rows or values.shape[1] != cols:

@@ -239,18 +239,6 @@ def flush_scales(output, scale_type: ElementType, *scales):
     return tuple(flushed)
 
 
-def check_stochastic_output(output, y_type: ElementType, rule: str, where: str) -> None:
-    """Float8 outputs under "stochastic": the word is added to the dropped bits of the
-    value the float8 encoder rounds, which only the "float32" rule holds exactly (a float32
-    value); "exact" and "float64" hold it rounded to odd at 24 bits, too short for 32
-    random bits past e4m3's or e5m2's mantissa."""
-    if output[0] == "stochastic" and y_type.kind == "small_float" and rule != "float32":
-        raise ValueError(
-            f"{where}: datapath rounding='stochastic' into a float8 output ({y_type.name}) needs "
-            f"requantization='float32' (got {rule!r}): the value the random word is added to must "
-            "be held exactly, and only that rule's float32 value is; integer outputs take every rule")
-
-
 def requantize(acc: np.ndarray, row_scale: np.ndarray, col_scale: np.ndarray, y_scale: float,
                y_zero_point: np.ndarray, y_type: ElementType, scale_type: ElementType,
                rule: str, opset, n_threads, output=ONNX_OUTPUT, words=None) -> np.ndarray:
@@ -264,10 +252,11 @@ def requantize(acc: np.ndarray, row_scale: np.ndarray, col_scale: np.ndarray, y_
     module = _dispatch.entry_module(Path.REQUANTIZE)
     if y_type.kind == "small_float":
         config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=True,
-                                         multiplier=output[4])
+                                         small_float_id=y_type.small_float_id, **_output_codes(output))
         values = np.empty(acc.shape, dtype=np.float32)
-        _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), values, config, threads)
-        return encode_float8(values, y_zero_point, opset, output, words)
+        _dispatch.run(Path.REQUANTIZE, acc, row_scale, col_scale, np.float32(y_scale), values, config, threads,
+                      *(() if words is None else (words,)))
+        return encode_float8(values, y_zero_point, opset, output)
     zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
     config = module.RequantizeConfig(rule=rule, scale_format=scale_type.name, float_output=False,
                                      zero_point=zero_point, lo=y_type.lo, hi=y_type.hi,
@@ -278,26 +267,27 @@ def requantize(acc: np.ndarray, row_scale: np.ndarray, col_scale: np.ndarray, y_
     return codes.view(y_type.dtype)
 
 
-def encode_float8(values: np.ndarray, y_zero_point: np.ndarray, opset, output=ONNX_OUTPUT,
-                  words=None) -> np.ndarray:
+def encode_float8(values: np.ndarray, y_zero_point: np.ndarray, opset, output=ONNX_OUTPUT) -> np.ndarray:
     """float32 values (rounded to odd, or the rule's float32 result) into the float8 type of
     y_zero_point by QuantizeLinear's rules with saturate=1 and the Cast table of `opset`;
     the division by a unit scale is exact. A datapath's rounding and nan (`output`) are
     QuantizeLinear's: a value rounded to odd at 24 bits rounds by any mode to float8's 3 or
-    2 mantissa bits as the exact value would (but "stochastic": check_stochastic_output).
-    The datapath's output flush is QuantizeLinear's too (after rounding); its input flush
-    was applied to the scales already and must not touch these values."""
+    2 mantissa bits as the exact value would. Under "stochastic" the kernel has rounded the
+    values onto the float8 grid with their words already (pyx/_integer.pyx, float8_value),
+    so they are truncated here ("toward_zero": a grid value stays, the kernel's signed
+    stand-in for a zero result becomes that zero). The datapath's output flush is
+    QuantizeLinear's too (after rounding); its input flush was applied to the scales
+    already and must not touch these values."""
     from ..datapath import Datapath
     from .quantize_linear import quantize_linear
 
     zero_point = np.asarray(y_zero_point).reshape(())
     rounding, _, nan, subnormals = output[:4]
+    rounding = "toward_zero" if rounding == "stochastic" else rounding
     subnormals = "flush_outputs" if subnormals in ("flush_outputs", "flush_both") else "keep"
     datapath = (None if (rounding, nan, subnormals) == (ONNX_OUTPUT[0], ONNX_OUTPUT[2], ONNX_OUTPUT[3])
                 else Datapath(rounding=rounding, nan=nan, subnormals=subnormals))
-    bits = None if words is None else words.reshape(values.shape)
-    return quantize_linear(values, np.float32(1.0), zero_point, saturate=1, opset=opset, datapath=datapath,
-                           random_bits=bits)
+    return quantize_linear(values, np.float32(1.0), zero_point, saturate=1, opset=opset, datapath=datapath)
 
 
 # --- QLinearMatMul-21 with a float8 operand ------------------------------------------------
@@ -338,7 +328,8 @@ def float_matmul_requantize(a_values: np.ndarray, a_bits: int, bt_values: np.nda
     float_out = y_type.kind == "small_float"
     if float_out:
         config = module.FloatMatmulConfig(rule=rule, scale_format=scale_type.name, float_output=True,
-                                          shift=a_bits + b_bits, multiplier=output[4])
+                                          shift=a_bits + b_bits, small_float_id=y_type.small_float_id,
+                                          **_output_codes(output))
         out = np.empty((items * rows, cols), dtype=np.float32)
     else:
         zero_point = int(int_values(np.asarray(y_zero_point).reshape(-1), y_type)[0])
@@ -349,9 +340,9 @@ def float_matmul_requantize(a_values: np.ndarray, a_bits: int, bt_values: np.nda
     _dispatch.run(Path.FLOAT_MATMUL, a_fixed, bt_fixed, a_values, bt_values, row_special, col_special,
                   np.ascontiguousarray(a_index, dtype=np.intp), np.ascontiguousarray(b_index, dtype=np.intp),
                   row_scale, col_scale, np.float32(y_scale), out, config, threads,
-                  *(() if words is None or float_out else (words,)))
+                  *(() if words is None else (words,)))
     if float_out:
-        return encode_float8(out, y_zero_point, opset, output, words)
+        return encode_float8(out, y_zero_point, opset, output)
     return out.view(y_type.dtype)
 
 
