@@ -569,3 +569,61 @@ def test_golden_datapath_option_combinations(capsys, tmp_path):
                          "--op", "dynamic")
     assert_one_line_error(err, got, 2, "no case that takes a datapath", "DynamicQuantizeLinear")
     assert not (tmp_path / "g").exists()
+
+
+def test_golden_stochastic_datapath_words_for_qlinear_and_block_scaled(capsys, tmp_path):
+    # The QLinear ops round y's elements: one word per element of y (a 1-D operand's
+    # dimension dropped); the MX and NVFP4 quantizers round x's: an extra beside x.
+    import hashlib
+
+    out = tmp_path / "g"
+    code, _, err = run(capsys, "golden", "--out", out, "--datapath",
+                       _datapath_file(tmp_path, {"rounding": "stochastic"}), "--seed", "5",
+                       "--op", "qlinearmatmul,mx,nvfp4", "--opset", "24", "--type",
+                       "int8,float8e4m3fn,float4e2m1", "--family", "random")
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    seen = set()
+    for entry in manifest["cases"]:
+        _, arrays = writers.read_npz(out / entry["npz"])
+        digest = hashlib.sha256(f"5:{entry['name']}:random_bits".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        dp = qemu_q.Datapath(rounding="stochastic")
+        if entry["op_type"] == "QLinearMatMul":
+            y = arrays["expected_y"]
+            words = arrays["random_bits"]
+            assert words.shape == y.shape
+            assert words.tolist() == rng.integers(0, 2**32, y.shape, dtype=np.uint32).tolist()
+            names = ["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"]
+            direct = qemu_q.qlinear_matmul(*[arrays[n] for n in names], opset=entry["opset"],
+                                           datapath=dp, random_bits=words)
+            assert direct.tobytes() == y.tobytes()
+        else:
+            x, words = arrays["extra_x"], arrays["extra_random_bits"]
+            assert words.tolist() == rng.integers(0, 2**32, x.shape, dtype=np.uint32).tolist()
+            if entry["op_type"] == "MX":
+                codes, scales = qemu_q.mx_quantize(x, entry["inputs"][0]["type"], axis=-1, block_size=32,
+                                                   scale_rule=entry["name"].split("_")[4], datapath=dp,
+                                                   random_bits=words)
+                assert codes.tobytes() == arrays["codes"].tobytes()
+                assert scales.tobytes() == arrays["scales"].tobytes()
+        seen.add(entry["op_type"])
+    assert seen == {"QLinearMatMul", "MX", "NVFP4"}
+
+
+def test_qlinear_matmul_random_bits_take_y_shape_with_1d_operands():
+    a = np.array([3, -7, 11, -4], np.int8)
+    b = np.arange(-8, 12, dtype=np.int8).reshape(4, 5)
+    dp = qemu_q.Datapath(rounding="stochastic")
+    args = (a, np.float32(0.5), np.int8(0), b, np.float32(0.25), np.int8(0), np.float32(3.0), np.int8(0))
+    # acc = a @ b = [-9, -6, -3, 0, 3]; y = acc * 0.5 * 0.25 / 3 = acc / 24. The word is
+    # added to the magnitude's dropped bits: 0 truncates, 2**32 - 1 carries any fraction.
+    acc = [sum(int(a[k]) * int(b[k, j]) for k in range(4)) for j in range(5)]
+    assert acc == [-9, -6, -3, 0, 3]
+    for word in (0, 2**32 - 1):
+        y = qemu_q.qlinear_matmul(*args, datapath=dp, random_bits=np.full((5,), word, np.uint32))
+        assert y.shape == (5,)
+        magnitudes = [abs(v) // 24 + (1 if word and abs(v) % 24 else 0) for v in acc]
+        assert y.tolist() == [-m if v < 0 else m for m, v in zip(magnitudes, acc)]
+    with pytest.raises(ValueError, match=r"random_bits has shape \(1, 5\); y has shape \(5,\)"):
+        qemu_q.qlinear_matmul(*args, datapath=dp, random_bits=np.zeros((1, 5), np.uint32))

@@ -156,31 +156,39 @@ def block_scaled_x(c, rng) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([matrix, partial], axis=1))
 
 
-def block_scaled_case(c, rng, datapath=None):
+def block_scaled_case(c, rng, datapath=None, seed: int = 0):
     """(inputs, outputs, extras, model builder) of an MX or NVFP4 case: the quantizer
     runs under the suite's datapath (`datapaths.call_op`), y is the ONNX dequantize graph
-    of its codes."""
+    of its codes. With stochastic rounding the quantizer's words (one per element of x,
+    datapaths.RANDOM_BITS_RULE) are the extra `random_bits`, beside the extra `x`."""
     from .. import mx_dequantize, mx_dequantize_graph, mx_quantize, nvfp4_dequantize, nvfp4_quantize
+    from ..datapath import as_datapath
     from ..ops.nvfp4 import dequantize_model
-    from .datapaths import call_op
+    from .datapaths import RANDOM_BITS_INPUT, call_op, random_bits_for
 
     x = block_scaled_x(c, rng)
+    extras = [("x", x)]
+    bits = None
+    if as_datapath(datapath).rounding == "stochastic":
+        bits = random_bits_for(seed, c.name, x.shape)
+        extras.append((RANDOM_BITS_INPUT, bits))
     if c.op_type == "MX":
         codes, scales = call_op(mx_quantize, x, c.qtype, axis=-1, block_size=MX_BLOCK,
-                                scale_rule=c.variant, datapath=datapath)
+                                scale_rule=c.variant, datapath=datapath, random_bits=bits)
         # The expected y is the ONNX dequantize graph of the codes (mx_dequantize and
         # nvfp4_dequantize take no datapath=: the datapath describes the quantizer).
         y = mx_dequantize(codes, scales, axis=-1, block_size=MX_BLOCK)
         graph = mx_dequantize_graph(c.qtype, axis=-1, block_size=MX_BLOCK)
         inputs = [("codes", codes), ("scales", scales)]
-        return inputs, [("y", y)], [("x", x)], lambda: _graph_model(graph, inputs, y)
+        return inputs, [("y", y)], extras, lambda: _graph_model(graph, inputs, y)
     recipe = c.variant.replace("_tiles16x16", "")
     block_shape = (16, 16) if c.variant.endswith("_tiles16x16") else (1, 16)
     codes, block_scales, global_scale = call_op(nvfp4_quantize, x, recipe=recipe, axis=-1,
-                                                block_shape=block_shape, datapath=datapath)
+                                                block_shape=block_shape, datapath=datapath,
+                                                random_bits=bits)
     y = nvfp4_dequantize(codes, block_scales, global_scale, axis=-1)
     inputs = [("codes", codes), ("block_scales", block_scales), ("global_scale", global_scale)]
-    return inputs, [("y", y)], [("x", x)], lambda: dequantize_model(codes.shape, axis=-1,
+    return inputs, [("y", y)], extras, lambda: dequantize_model(codes.shape, axis=-1,
                                                                      opset=c.version)
 
 

@@ -133,7 +133,8 @@ def run_node(op_type: str, inputs, attributes: dict, version: int,
     """(outputs, random_bits) of the node under the datapath: the outputs are
     `run_op(op_type, inputs, attributes, version)` for the ONNX default, by the same
     adapters as the op families register. random_bits: None, or with rounding="stochastic"
-    for an op that takes random_bits=, the words of its first input (RANDOM_BITS_RULE)."""
+    for an op that takes random_bits=, the words of its first input, or of its output y for
+    the QLinear ops, which round y's elements (RANDOM_BITS_RULE)."""
     from .._opspec import get_spec
     from ..ops.conv_integer import _conv_attributes
 
@@ -141,29 +142,37 @@ def run_node(op_type: str, inputs, attributes: dict, version: int,
     function = _node_function(op_type)
     inputs = list(inputs) + [None] * (len(spec.inputs) - len(inputs))
     values = _node_values(spec, dict(attributes))
+
+    def outputs_with(common):
+        if op_type in ("QuantizeLinear", "DequantizeLinear"):
+            return [call_op(function, *inputs, **values, **common)]
+        if op_type == "DynamicQuantizeLinear":
+            # No datapath= by design (NO_DATAPATH_OPS): called without the helper.
+            if not as_datapath(common["datapath"]).is_onnx:
+                raise DatapathNotTaken(NO_DATAPATH_OPS[op_type])
+            return list(function(inputs[0], opset=version))
+        if op_type == "Cast":
+            fields = dict(values)
+            to = fields.pop("to")
+            return [call_op(function, inputs[0], to, **fields, **common)]
+        if op_type == "CastLike":
+            return [call_op(function, inputs[0], inputs[1], **values, **common)]
+        if op_type in ("MatMulInteger", "ConvInteger"):
+            extra = _conv_attributes(values) if op_type == "ConvInteger" else {}
+            return [call_op(function, *inputs[:4], **extra, **common)]
+        if op_type == "QLinearMatMul":
+            return [call_op(function, *inputs[:8], **common)]
+        return [call_op(function, *inputs[:9], **_conv_attributes(values), **common)]  # QLinearConv
+
     bits = None
     if as_datapath(datapath).rounding == "stochastic" and "random_bits" in _parameters(function):
-        bits = random_bits_for(seed, name, np.shape(inputs[0]))
-    common = dict(opset=version, datapath=datapath, random_bits=bits)
-    if op_type in ("QuantizeLinear", "DequantizeLinear"):
-        outputs = [call_op(function, *inputs, **values, **common)]
-    elif op_type == "DynamicQuantizeLinear":
-        # No datapath= by design (NO_DATAPATH_OPS): called without the helper.
-        if not as_datapath(datapath).is_onnx:
-            raise DatapathNotTaken(NO_DATAPATH_OPS[op_type])
-        outputs = list(function(inputs[0], opset=version))
-    elif op_type == "Cast":
-        to = values.pop("to")
-        outputs = [call_op(function, inputs[0], to, **values, **common)]
-    elif op_type == "CastLike":
-        outputs = [call_op(function, inputs[0], inputs[1], **values, **common)]
-    elif op_type in ("MatMulInteger", "ConvInteger"):
-        extra = _conv_attributes(values) if op_type == "ConvInteger" else {}
-        outputs = [call_op(function, *inputs[:4], **extra, **common)]
-    elif op_type == "QLinearMatMul":
-        outputs = [call_op(function, *inputs[:8], **common)]
-    else:  # QLinearConv
-        outputs = [call_op(function, *inputs[:9], **_conv_attributes(values), **common)]
+        if op_type in RANDOM_BITS_OF_Y:
+            # one word per output element: y's shape, from the ONNX default run
+            shape = np.shape(outputs_with(dict(opset=version, datapath=None, random_bits=None))[0])
+        else:
+            shape = np.shape(inputs[0])
+        bits = random_bits_for(seed, name, shape)
+    outputs = outputs_with(dict(opset=version, datapath=datapath, random_bits=bits))
     return outputs, bits
 
 
@@ -171,8 +180,11 @@ def run_node(op_type: str, inputs, attributes: dict, version: int,
 # Stochastic rounding's bits
 
 RANDOM_BITS_INPUT = "random_bits"
+# The ops whose random_bits= has one word per element of y (they round y, not x).
+RANDOM_BITS_OF_Y = ("QLinearMatMul", "QLinearConv")
 RANDOM_BITS_RULE = (
-    "uint32, one word per element of x in C order: np.random.default_rng(int.from_bytes("
+    "uint32, one word per element of x in C order (QLinearMatMul, QLinearConv: of y, "
+    "x.shape below read as y.shape): np.random.default_rng(int.from_bytes("
     "sha256(f'{seed}:{case name}:random_bits').digest()[:8], 'little')).integers(0, 2**32, "
     "x.shape, dtype=np.uint32); written as the input 'random_bits' after the node inputs")
 

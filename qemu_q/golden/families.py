@@ -705,7 +705,7 @@ def build_case(config: Config, seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZ
     divergences = divergences_of(config) if datapath.is_onnx else []
     if config.op_type in BLOCK_SCALED_OPS:
         inputs, outputs, extras, builder = block_scaled_case(config, _rng(seed, config.name),
-                                                             datapath)
+                                                             datapath, seed)
         for _name, array in inputs + outputs + extras:
             array.flags.writeable = False
         return Case(config=config, opset=config.version, attributes={}, inputs=inputs,

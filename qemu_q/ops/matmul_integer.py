@@ -252,7 +252,7 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     y_scale_value = np.float32(dp.scale_values(y_scale, where, "y_scale").reshape(-1)[0])
     row_scale, col_scale_full, y_scale_value = dp.flush_scales(output, scale_type, row_scale, col_scale_full,
                                                                y_scale_value)
-    words = check_random_bits(random_bits, datapath_resolved, plan.batch + (m, n), "y")
+    words = check_random_bits(random_bits, datapath_resolved, plan.out_shape, "y")
     items = int(np.prod(plan.batch, dtype=np.int64))
     if items == 0 or m == 0 or n == 0:
         return _finish(plan, np.zeros(plan.batch + (m, n), dtype=y_type.dtype), out, named)
