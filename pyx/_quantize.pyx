@@ -22,6 +22,7 @@ from _codecs cimport (
     SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, FMT_INT32, CODE_INTEGER, CODE_SMALL_FLOAT, SF_COUNT,
     PATH_GENERAL, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
+    SF_RULE_NAN_OPPOSITE_ZERO,
     float16_to_float, bfloat16_to_float, divide_to_value_format,
     encode_integer, round_biased, saturate_biased, ROUND_MAGIC_BITS,
     SmallFloatFormat, small_float_format, round_to_value_format, round_magnitude,
@@ -959,7 +960,7 @@ cdef class QuantizeConfig:
         self.plan.lo = <float>lo
         self.plan.hi = <float>hi
         self.plan.mask = mask
-        if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN):
+        if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN | SF_RULE_NAN_OPPOSITE_ZERO):
             raise ValueError(f"small_float_rules {small_float_rules} holds unknown flags")
         self.plan.encoder = small_float32_encoder(small_float_id if code_kind != CODE_INTEGER else 0,
                                                   saturate, small_float_rules)
