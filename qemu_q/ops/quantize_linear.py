@@ -116,8 +116,12 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         check_type(spec, opset, "y", out_type)
 
     precision_type = division_precision(spec, scale_type, precision, where)
+    # "promoted" into a small float with a float64 quotient: ml_dtypes' float64 -> small
+    # float conversion goes through float32 (datapath_one's quotient_through_float32)
+    through_float32 = False
     if datapath.scale_precision == "promoted":
         datapath = replace(datapath, scale_precision=_promoted(x_type, scale_type, precision_type, precision))
+        through_float32 = datapath.scale_precision == "float64" and out_type.kind == "small_float"
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                "y_scale", "y_zero_point")
     # x and the scale are float32 values divided in float32: one IEEE division is the
@@ -175,7 +179,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     # does not hold: datapath_one). Integer codes and the ONNX small floats only, as above.
     datapath_wide = _WIDE_NONE
     if (use_datapath and fast_kernels and not datapath_f32 and not (family and not integer)
-            and not onnxruntime_float8):
+            and not onnxruntime_float8 and not through_float32):
         half_x = x_type.name in ("float16", "bfloat16")
         if float64_quotient:
             if datapath.rounding != "stochastic":
@@ -226,7 +230,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         scale_min_normal=_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
         f32_operands=f32_operands and use_datapath, datapath_f32=datapath_f32,
         onnxruntime_float8=onnxruntime_float8,
-        datapath_wide=datapath_wide,
+        datapath_wide=datapath_wide, quotient_through_float32=through_float32,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 
