@@ -566,7 +566,7 @@ def test_reference_float4_float6_nan_entries(target, width, opset):
                (np.array([0x7F, 0xFF], np.uint8).view(ml_dtypes.float8_e4m3fn), want),
                (np.array([0x80], np.uint8).view(ml_dtypes.float8_e4m3fnuz), [0])]
     for source, codes in sources:
-        for op_type in ("Cast", "CastLike"):
+        for op_type in ("Cast", "CastLike") if width == 4 else ("Cast",):  # no CastLike into float6
             function = qemu_q.cast if op_type == "Cast" else qemu_q.cast_like
             like = np.zeros(1, np.uint8).view(getattr(ml_dtypes, {
                 "float4e2m1": "float4_e2m1fn", "float6e2m3": "float6_e2m3fn",
