@@ -16,7 +16,7 @@ from _codecs cimport (
     CAST_FLOAT64, CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16, CAST_SMALL_FLOAT, CAST_E8M0,
     CAST_SIGNED, CAST_UNSIGNED, CAST_BOOL, CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT,
     CAST_PATH_F32_E8M0, SF_COUNT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
-    SF_RULE_NAN_NEGATIVE_ZERO, E8M0_UP, E8M0_NEAREST,
+    SF_RULE_NAN_NEGATIVE_ZERO, SF_RULE_NAN_OPPOSITE_ZERO, E8M0_UP, E8M0_NEAREST,
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32, encode_float8_onnxruntime,
     SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32,
@@ -402,7 +402,8 @@ cdef class CastConfig:
                 raise ValueError(f"CastConfig: {name}_format={fmt} is not a small-float format")
         if round_mode not in (E8M0_UP, 1, E8M0_NEAREST):
             raise ValueError(f"CastConfig: unknown round_mode {round_mode}")
-        if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN | SF_RULE_NAN_NEGATIVE_ZERO):
+        if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN | SF_RULE_NAN_NEGATIVE_ZERO
+                                 | SF_RULE_NAN_OPPOSITE_ZERO):
             raise ValueError(f"CastConfig: unknown small_float_rules bits {small_float_rules:#x}")
         if path == CAST_PATH_F32_SMALL_FLOAT and not (source_kind == CAST_FLOAT32 and target_kind == CAST_SMALL_FLOAT):
             raise ValueError("CastConfig: the float32 small-float path needs float32 into a small float")

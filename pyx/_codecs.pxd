@@ -113,6 +113,9 @@ cdef enum SmallFloatRule:
     # the official Cast vectors of opset 25 do; off: +max, as QuantizeLinear follows the
     # ONNX float4 note (docs/semantics.md, "Cast").
     SF_RULE_NAN_NEGATIVE_ZERO = 4
+    # Datapath nan="zero_opposite_sign" (ml_dtypes' conversions): NaN into a format without
+    # NaN gives the zero of the opposite sign, +NaN -> -0, -NaN -> +0; wins over the above.
+    SF_RULE_NAN_OPPOSITE_ZERO = 8
 
 
 # The codes of the values outside the finite range, decided once per call from the format,
@@ -141,6 +144,11 @@ cdef inline SmallFloatSpecials small_float_specials(const SmallFloatFormat* f, b
     s.nan_sign = -1 if (rules & SF_RULE_NAN_SIGN) and signed_nan else 0
     if signed_nan and not (rules & SF_RULE_NAN_SIGN):
         s.nan_code = (1 << (f.width - 1)) - 1  # the all-ones magnitude: 0x7F in 8 bits
+    if no_specials and (rules & SF_RULE_NAN_OPPOSITE_ZERO):
+        # The encoders XOR the NaN's sign into nan_code (elsewhere nan_code holds no sign
+        # bit where nan_sign is set, so XOR is OR): the negative-zero code flips to +0.
+        s.nan_code = 1 << (f.width - 1)
+        s.nan_sign = -1
     if saturate or no_specials:
         s.overflow_code = f.max_code
         s.overflow_sign = -1
@@ -507,7 +515,7 @@ cdef inline int encode_small_float32(float q, const SmallFloat32Encoder* e) noex
     cdef int32_t zero = sign & e.zero_sign
     cdef int32_t overflow = e.special.overflow_code | (sign & e.special.overflow_sign)
     cdef int32_t inf = e.special.inf_code | (sign & e.special.inf_sign)
-    cdef int32_t nan = e.special.nan_code | (sign & e.special.nan_sign)
+    cdef int32_t nan = e.special.nan_code ^ (sign & e.special.nan_sign)
     cdef int32_t magnitude = select_i32(a < min_normal_bits, sub, normal)
     cdef int32_t code = sign | magnitude
     code = code if magnitude != 0 else zero

@@ -16,8 +16,13 @@ import numpy as np
 ROUNDINGS = ("half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up",
              "to_odd", "stochastic")
 SCALES = ("divide", "reciprocal")
-SCALE_PRECISIONS = (None, "float32", "float64")
-NANS = ("spec", "canonical")
+# "promoted": numpy's type promotion of the operands' types, resolved by each op's plan
+# into one of the precisions above (docs/semantics.md, "Datapath options").
+SCALE_PRECISIONS = (None, "float32", "float64", "promoted")
+# "zero_opposite_sign": "spec", but a NaN into a format without NaN codes (float4e2m1,
+# float6e2m3, float6e3m2, family nan="none") gives the zero of the opposite sign, as
+# ml_dtypes' conversions do (docs/semantics.md, "Datapath options").
+NANS = ("spec", "canonical", "zero_opposite_sign")
 NANS_TO_INTEGER = ("min", "zero", "max")
 SUBNORMALS = ("keep", "flush_inputs", "flush_outputs", "flush_both")
 # How a float quotient or Cast input becomes a float8 code (the four ONNX float8 types):
@@ -90,10 +95,13 @@ class Datapath:
         or "stochastic" (the call then takes `random_bits=`).
     scale: "divide" (x / scale, ONNX) or "reciprocal" (x * (1 / scale)).
     scale_precision: None (the ONNX division precision of the op version), "float32" or
-        "float64": the precision of the division, or of the reciprocal and the product.
-        "reciprocal" needs one.
-    nan: small-float NaN codes, "spec" (the Cast table) or "canonical" (0x7F for e4m3fn
-        and e5m2).
+        "float64": the precision of the division, or of the reciprocal and the product;
+        "promoted": the precision numpy's type promotion gives the operands' types (float16
+        with float16: float16; float32 with float16: float32; int32 with a float: float64),
+        resolved by each op (docs/semantics.md). "reciprocal" needs "float32" or "float64".
+    nan: small-float NaN codes, "spec" (the Cast table), "canonical" (0x7F for e4m3fn
+        and e5m2) or "zero_opposite_sign" ("spec", but NaN into a format without NaN
+        codes, float4e2m1 and float6, gives the zero of the opposite sign: ml_dtypes').
     nan_to_integer: what a NaN quotient rounds to for integer outputs: "min" (-inf: the
         type's minimum, ONNX qemu_q's rule), "zero" (0, then the zero point is added),
         "max" (+inf: the type's maximum).
@@ -148,10 +156,11 @@ class Datapath:
                 parse_accumulator(self.accumulator)
             except ValueError as error:
                 raise ValueError(f"Datapath: {error}") from None
-        if self.scale == "reciprocal" and self.scale_precision is None:
+        if self.scale == "reciprocal" and self.scale_precision not in ("float32", "float64"):
             raise ValueError(
-                "Datapath: scale='reciprocal' needs an explicit scale_precision ('float32' or "
-                "'float64'): the precision of the reciprocal and of the product")
+                f"Datapath: scale='reciprocal' with scale_precision={self.scale_precision!r}; "
+                "it needs an explicit 'float32' or 'float64': the precision of the reciprocal "
+                "and of the product")
 
     def for_op(self, op_type: str, opset: int | None) -> "Datapath":
         """The datapath `op_type` runs with at `opset`: the matching by_version entries
@@ -195,6 +204,21 @@ def as_datapath(datapath, where: str = "datapath", op_type: str | None = None,
     if op_type is not None:
         return datapath.for_op(op_type, opset)
     return datapath
+
+
+def promoted_quotient_precision(x_type_name: str, scale_type_name: str) -> str:
+    """scale_precision="promoted" for a quotient x / scale: the type numpy's promotion
+    gives x's and the scale's types (ml_dtypes' for bfloat16 and float8e8m0), as the
+    precision it divides in: "float64" when either is int32 (int32 with any float, and
+    int32 with int32 under true division), the half type when both are float16 or both
+    bfloat16 (numpy divides in it: the float32 quotient rounded once more, which is the
+    correctly rounded one), else "float32" (float32 with anything; float16 with bfloat16
+    and either with float8e8m0, which numpy divides in float32). ElementType names in."""
+    if "int32" in (x_type_name, scale_type_name):
+        return "float64"
+    if x_type_name == scale_type_name and x_type_name in ("float16", "bfloat16"):
+        return x_type_name
+    return "float32"
 
 
 def check_float8_encoder(datapath: Datapath, out_type_name: str, where: str) -> bool:
@@ -260,6 +284,17 @@ def qlinear_options(datapath, requantization, accumulator: str, where: str):
                              f"{datapath.requantization!r} disagree; give one")
         requantization = datapath.requantization
     precision = datapath.scale_precision
+    if precision == "promoted":
+        # The three scales share one type TS (the schema), so numpy's promotion of them is
+        # TS: the multiplier a_scale * b_scale / y_scale formed in TS is the "float64"
+        # rule's own (onnx.reference's); no other rule forms it there.
+        if requantization != "float64":
+            raise ValueError(
+                f"{where}: datapath scale_precision='promoted' with the {requantization!r} "
+                "requantization rule is not implemented: numpy's promotion of the scales' one "
+                "type forms the multiplier in that type, which only the 'float64' rule does; "
+                "allowed with it: requantization='float64'")
+        precision = None
     if precision is None or (requantization == "float32" and (datapath.scale, precision) == ("divide", "float32")):
         # ("reciprocal" always has a precision: Datapath checks it)
         multiplier = QLINEAR_MULTIPLIERS[None]  # the rule's own arithmetic, as the rule defines it

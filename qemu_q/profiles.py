@@ -85,8 +85,8 @@ _NO_FIELD_DQ = {
         "the peers convert int32 codes to float32 before the product: no Datapath field "
         "rounds an operand to an intermediate type",
     "DQ: float16 / bfloat16 output rounded twice":
-        "by_version's scale_precision='float32' gives the peer's float32 product rounded to "
-        "the output type, but for int32 codes beyond 2^24 with a bfloat16 output, which it "
+        "scale_precision='promoted' ('float32' for DequantizeLinear) gives the peer's float32 "
+        "product rounded to the output type, but for int32 codes beyond 2^24 with a bfloat16 output, which it "
         "converts to float32 before the product (the int32 entry)",
 }
 
@@ -125,13 +125,17 @@ _NO_FIELD_CAST_ORT = {
 }
 
 _NO_FIELD_CAST_REFERENCE = {
-    "Cast float4e2m1 / float6: NaN with the sign bit (onnx.reference)":
-        "ml_dtypes maps NaN to a zero of the opposite sign in formats without NaN; the nan "
-        "field chooses NaN codes of formats that have them",
     "Cast float8e8m0: onnx.reference's range rows, round-up and negative inputs":
         "onnx.reference's e8m0 conversion departs from the table row by row; the datapath's "
         "rounding does not govern float8e8m0 (round_mode does)",
 }
+
+# What onnx.reference's numpy promotion and ml_dtypes' NaN conversion reproduce
+# (scale_precision="promoted", nan="zero_opposite_sign").
+_QL_INT32_FLOAT64 = "QL: int32 x or int32 scale, onnx.reference divides in float64"
+_QL_HALF_SCALE = "QL-23+: float32 x with a float16 or bfloat16 scale"
+_QL_FLOAT4_NAN = "QL float4/float6: NaN"
+_CAST_FLOAT4_NAN = "Cast float4e2m1 / float6: NaN with the sign bit (onnx.reference)"
 
 # Where a peer forms a product or quotient in float32 at some versions only.
 _FLOAT32_DQ_PRODUCT = ("DequantizeLinear", 1, 28, (("scale_precision", "float32"),))
@@ -151,10 +155,22 @@ onnxruntime_cpu_avx2 = dataclasses.replace(onnxruntime_cpu, accumulator="x86-u8s
 """onnxruntime 1.32 on an x86 CPU with AVX2 and without VNNI: `onnxruntime_cpu` with the u8 x
 s8 products summed in pairs with int16 saturation (VPMADDUBSW)."""
 
-onnx_reference = Datapath(requantization="float64", by_version=(_FLOAT32_DQ_PRODUCT,))
-"""onnx.reference (`ReferenceEvaluator`, onnx 1.23): QLinearMatMul / QLinearConv requantize
-in float64 and add the zero point before rounding ("float64"); DequantizeLinear forms its
-product in float32 and rounds it to a float16 / bfloat16 output after."""
+# ml_dtypes' NaN into float4/float6, where onnx.reference converts with it: QuantizeLinear's
+# and Cast's `astype` (nvfp4_quantize, whose recipes write their own NaN code, refuses it).
+_ML_DTYPES_NAN = tuple((op, 1, 28, (("nan", "zero_opposite_sign"),))
+                       for op in ("QuantizeLinear", "Cast", "CastLike"))
+
+onnx_reference = Datapath(scale_precision="promoted", requantization="float64",
+                          by_version=_ML_DTYPES_NAN)
+"""onnx.reference (`ReferenceEvaluator`, onnx 1.23, numpy 2, ml_dtypes 0.6): QuantizeLinear
+divides in numpy's promotion of x's and the scale's types ("promoted": float64 with an
+int32 operand, float32 for float32 x with a float16 / bfloat16 scale); DequantizeLinear
+forms its product in float32 (the codes as float32: "promoted" is "float32" there) and
+rounds it to a float16 / bfloat16 output after; QuantizeLinear's and Cast's NaN into
+float4 / float6 is ml_dtypes' zero of the opposite sign (nan="zero_opposite_sign" for
+those ops, by_version); QLinearMatMul / QLinearConv requantize
+in float64 and add the zero point before rounding ("float64", whose multiplier is formed
+in the scales' type, as "promoted" says)."""
 
 _NO_DATAPATH_DYNAMIC = (
     "DynamicQuantizeLinear takes no datapath= (issue 15 gives it none): its cases are the "
@@ -176,23 +192,13 @@ _REFERENCE_REMAINDER = {
     "QL integer: int32 wrap-around when adding the zero point (onnx.reference)":
         "the zero point is added to an int32 intermediate with wrap-around: no Datapath "
         "field says it",
-    "QL: int32 x or int32 scale, onnx.reference divides in float64":
-        "numpy's promotion divides in float64 only when x or the scale is int32; "
-        "scale_precision='float64' would also change every float32 case, where "
-        "onnx.reference divides in float32",
-    "QL-23+: float32 x with a float16 or bfloat16 scale":
-        "numpy's promotion divides float32 by float16 in float32 but float16 by float16 in "
-        "float16: scale_precision is one precision for every operand type",
     "QL-23+: precision attribute": _NO_FIELD_ORT_QL["QL-23+: precision attribute"],
     "QL-19/21/23 FNUZ saturate=1: +-inf": _NO_FIELD_ORT_QL["QL-19/21/23 FNUZ saturate=1: +-inf"],
     "QL float8: -0 quotient plus a +0 zero point":
         _NO_FIELD_ORT_QL["QL float8: -0 quotient plus a +0 zero point"],
-    "QL float4/float6: NaN":
-        "ml_dtypes maps NaN to a zero of the opposite sign in formats without NaN; the nan "
-        "field chooses NaN codes of formats that have them",
     **_NO_FIELD_DQ,
     **{h: r for h, r in _NO_FIELD_CAST.items() if h != "Cast bfloat16 -NaN into float8 with saturate=0: onnxruntime drops the sign"},
-    **_NO_FIELD_CAST_REFERENCE,
+    **{h: r for h, r in _NO_FIELD_CAST_REFERENCE.items() if h != _CAST_FLOAT4_NAN},
     "DynamicQuantizeLinear: all-zero or empty x": _NO_DATAPATH_DYNAMIC,
     "DynamicQuantizeLinear: NaN in x": _NO_DATAPATH_DYNAMIC,
     "QLinearMatMul-21 float8 operands: onnx.reference truncates them to integers":
@@ -211,7 +217,9 @@ PROFILES = {
         remainder=_frozen(_ORT_REMAINDER)),
     "onnx_reference": Profile(
         name="onnx_reference", peer="onnx.reference", datapath=onnx_reference,
-        reproduces=(_REQUANTIZATION,), remainder=_frozen(_REFERENCE_REMAINDER)),
+        reproduces=(_REQUANTIZATION, _QL_INT32_FLOAT64, _QL_HALF_SCALE, _QL_FLOAT4_NAN,
+                    _CAST_FLOAT4_NAN),
+        remainder=_frozen(_REFERENCE_REMAINDER)),
 }
 
 

@@ -9,6 +9,7 @@ import re
 from collections import defaultdict
 from fractions import Fraction
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -68,12 +69,15 @@ def test_profile_fields():
     assert profiles.onnxruntime_cpu_avx2 == Datapath(
         requantization="float32", accumulator="x86-u8s8-pairs", float8_encoder="onnxruntime",
         by_version=(float32_ql, float32_dq))
-    assert profiles.onnx_reference == Datapath(requantization="float64", by_version=(float32_dq,))
+    ml_dtypes_nan = tuple((op, 1, 28, {"nan": "zero_opposite_sign"})
+                          for op in ("QuantizeLinear", "Cast", "CastLike"))
+    assert profiles.onnx_reference == Datapath(requantization="float64", scale_precision="promoted",
+                                               by_version=ml_dtypes_nan)
     # resolved per version: float32 division at QuantizeLinear-19/21 only
     assert profiles.onnxruntime_cpu.for_op("QuantizeLinear", 20).scale_precision == "float32"
     assert profiles.onnxruntime_cpu.for_op("QuantizeLinear", 23).scale_precision is None
     assert profiles.onnxruntime_cpu.for_op("QuantizeLinear", 13).scale_precision is None
-    assert profiles.onnx_reference.for_op("QuantizeLinear", 21).scale_precision is None
+    assert profiles.onnx_reference.for_op("QuantizeLinear", 21).scale_precision == "promoted"
     for name, profile in profiles.PROFILES.items():
         assert profile.name == name
         assert getattr(profiles, name) is profile.datapath
@@ -382,8 +386,9 @@ def test_onnxruntime_bfloat16_negative_nan_entry(saturate, want):
 
 
 def test_profiles_leave_quantize_linear_on_its_onnx_bits():
-    """The profiles set only the integer ops' fields: QuantizeLinear ignores them (the
-    lead's rule) and gives the ONNX bits, on ties and their neighbours."""
+    """float32 x and scale into int8: every profile gives the ONNX bits (onnx_reference's
+    "promoted" is float32 there, and the integer ops' fields are ignored: the lead's rule),
+    on ties and their neighbours."""
     x = np.array([0.5, 1.5, 2.5, -2.5, 2.5000002, 127.5, -128.5, 300.0, np.nan], np.float32)
     want = [fo.round_half_even(Fraction(float(v))) if np.isfinite(v) else None for v in x]
     want = [-128 if w is None else min(max(w, -128), 127) for w in want]
@@ -476,3 +481,100 @@ def test_by_version_reaches_quantize_linear():
         if explicit is float32:
             default = qemu_q.quantize_linear(x, scale, zero_point, opset=opset)
             assert got.view(np.uint8).tolist() != default.view(np.uint8).tolist(), opset
+
+
+# --------------------------------------------------------------------------------------
+# onnx_reference: numpy's promotion and ml_dtypes' NaN (the entries' own inputs)
+
+
+def _reference_node(op_type, inputs, opset, **attributes):
+    onnx = pytest.importorskip("onnx")
+    from onnx.reference import ReferenceEvaluator
+
+    helper = onnx.helper
+    names = [f"i{k}" for k in range(len(inputs))]
+    graph = helper.make_graph(
+        [helper.make_node(op_type, names, ["y"], **attributes)], "g",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype),
+                                       list(np.shape(v))) for n, v in zip(names, inputs)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.UNDEFINED, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns on NaN into float4/float6
+        return ReferenceEvaluator(model).run(None, dict(zip(names, inputs)))[0]
+
+
+def _f32(bits):
+    return np.array(bits, np.uint32).view(np.float32)
+
+
+# docs/divergences.md, the entries' inputs: (opset, x, y_scale, y_zero_point, the ONNX codes,
+# onnx.reference's codes as the entries state them)
+_PROMOTED_ENTRIES = [
+    # "QL: int32 x or int32 scale, onnx.reference divides in float64": the exact quotient
+    # 100.5 + 2^-19 is 100.5 in float32 (-> 100) and keeps its 2^-19 in float64 (-> 101)
+    (13, np.array([52690945], np.int32), np.float32(524288.0), np.int8(0), [0x64], [0x65]),
+    (19, np.array([52690945], np.int32), np.int32(524288), np.int8(0), [0x64], [0x65]),
+    (23, _f32([0x4E810001]), np.int32(16777217), np.int8(0), [0x40], [0x41]),
+    # "QL-23+: float32 x with a float16 or bfloat16 scale": numpy divides in float32
+    (23, np.array([2.5009765625], np.float32), np.float16(1.0), np.int8(0), [0x02], [0x03]),
+    (23, _f32([0x4163F141]), np.array([0x34CD], np.uint16).view(np.float16).reshape(()),
+     np.int8(0), [0x2F], [0x2F]),
+    (23, np.array([2.5009765625], np.float32), ml_dtypes.bfloat16(1.0), np.int8(0), [0x02], [0x03]),
+]
+
+
+@pytest.mark.parametrize("opset, x, scale, zero_point, onnx_codes, peer_codes", _PROMOTED_ENTRIES)
+def test_reference_promoted_entries(opset, x, scale, zero_point, onnx_codes, peer_codes):
+    """The profile's "promoted" division gives onnx.reference's codes (an exact oracle:
+    the quotient rounded once to float64 or float32, then to even), the default the
+    ONNX ones, and the peer the stated ones."""
+    q = Fraction(float(np.asarray(x).astype(np.float64)[0])) / Fraction(
+        float(np.asarray(scale).astype(np.float64)))
+    precision = "double" if np.int32 in (np.asarray(x).dtype.type, np.asarray(scale).dtype.type) \
+        else "float"
+    rounded = Fraction(float(q)) if precision == "double" else _fl32(q)
+    assert [fo.round_half_even(rounded) & 0xFF] == peer_codes
+    got = qemu_q.quantize_linear(x, scale, zero_point, opset=opset, datapath=profiles.onnx_reference)
+    assert got.view(np.uint8).tolist() == peer_codes
+    assert qemu_q.quantize_linear(x, scale, zero_point, opset=opset).view(np.uint8).tolist() \
+        == onnx_codes
+    assert _reference_node("QuantizeLinear", [x, scale, zero_point], opset).view(np.uint8).tolist() \
+        == peer_codes
+
+
+@pytest.mark.parametrize("target, width, opset", [("float4e2m1", 4, 23), ("float6e2m3", 6, 28),
+                                                  ("float6e3m2", 6, 28)])
+def test_reference_float4_float6_nan_entries(target, width, opset):
+    """"QL float4/float6: NaN" and "Cast float4e2m1 / float6: NaN with the sign bit": the
+    rule's codes (+NaN the negative-zero code, -NaN +0; a float8 NaN code by its sign bit),
+    through the profile and the peer; the ONNX default's are +max (QuantizeLinear) and the
+    negative-zero code (Cast)."""
+    import onnx
+
+    x = _f32([0x7FC00000, 0xFFC00000])
+    want = [1 << (width - 1), 0]
+    tensor_type = getattr(onnx.TensorProto, target.upper())
+    got = qemu_q.quantize_linear(x, np.float32(1.0), output_dtype=target, opset=opset,
+                                 datapath=profiles.onnx_reference)
+    assert got.view(np.uint8).tolist() == want
+    assert qemu_q.quantize_linear(x, np.float32(1.0), output_dtype=target,
+                                  opset=opset).view(np.uint8).tolist() == [(1 << (width - 1)) - 1] * 2
+    peer = _reference_node("QuantizeLinear", [x, np.float32(1.0)], opset, output_dtype=tensor_type)
+    assert peer.view(np.uint8).tolist() == want
+    cast_opset = max(opset, 25)
+    sources = [(x, want),
+               (np.array([0x7F, 0xFF], np.uint8).view(ml_dtypes.float8_e4m3fn), want),
+               (np.array([0x80], np.uint8).view(ml_dtypes.float8_e4m3fnuz), [0])]
+    for source, codes in sources:
+        for op_type in ("Cast", "CastLike") if width == 4 else ("Cast",):  # no CastLike into float6
+            function = qemu_q.cast if op_type == "Cast" else qemu_q.cast_like
+            like = np.zeros(1, np.uint8).view(getattr(ml_dtypes, {
+                "float4e2m1": "float4_e2m1fn", "float6e2m3": "float6_e2m3fn",
+                "float6e3m2": "float6_e3m2fn"}[target]))
+            target_arg = target if op_type == "Cast" else like
+            got = function(source, target_arg, opset=cast_opset, datapath=profiles.onnx_reference)
+            assert got.view(np.uint8).tolist() == codes, (op_type, source.dtype)
+        assert qemu_q.cast(source, target, opset=cast_opset).view(np.uint8).tolist() == \
+            [1 << (width - 1)] * len(codes)
+        peer = _reference_node("Cast", [source], cast_opset, to=tensor_type)
+        assert peer.view(np.uint8).tolist() == codes, source.dtype

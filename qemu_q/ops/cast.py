@@ -18,7 +18,8 @@ from .._dtypes import (
     CAST_BFLOAT16, CAST_BOOL, CAST_E8M0, CAST_FLOAT16, CAST_FLOAT32, CAST_FLOAT64,
     CAST_PATH_F32_E8M0, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_GENERAL, CAST_SIGNED,
     CAST_SMALL_FLOAT, CAST_UNSIGNED, E8M0_ROUND_MODES, SF_RULE_FNUZ_INF_NAN,
-    SF_RULE_NAN_NEGATIVE_ZERO, SF_RULE_NAN_SIGN, ElementType, array_element_type, element_type,
+    SF_RULE_NAN_NEGATIVE_ZERO, SF_RULE_NAN_OPPOSITE_ZERO, SF_RULE_NAN_SIGN, ElementType, array_element_type,
+    element_type,
 )
 from .._opspec import cast_float8_table, get_spec, normalize_opset
 from .._registry import register
@@ -141,6 +142,9 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
         if table is not None and table.fnuz_inf_to_nan:
             rules |= SF_RULE_FNUZ_INF_NAN
         rules |= SF_RULE_NAN_NEGATIVE_ZERO
+        if datapath.nan == "zero_opposite_sign":
+            # ml_dtypes' NaN into float4/float6 (the other small floats have NaN codes)
+            rules |= SF_RULE_NAN_OPPOSITE_ZERO
     path = CAST_PATH_GENERAL
     # `datapath` holds only the fields Cast reads. `nan` into a small float is the
     # encoder's rows above (its fast loop stays); anything else runs the datapath loop.

@@ -63,9 +63,13 @@ def datapath_reads(datapath: Datapath) -> Datapath:
     """The part of a Datapath DequantizeLinear reads (docs/semantics.md, "Datapath
     options"): rounding, scale_precision, nan, subnormals; the others (scale,
     nan_to_integer, accumulator, requantization) describe steps it has not, and are
-    ignored."""
-    return Datapath(rounding=datapath.rounding, scale_precision=datapath.scale_precision,
-                    nan=datapath.nan, subnormals=datapath.subnormals)
+    ignored. "promoted" is "float32" here (the codes read as float32 times the scale: numpy
+    promotes float32 with every scale type to float32), and nan="zero_opposite_sign" is
+    "spec" (every output type has NaN codes: docs/semantics.md)."""
+    precision = "float32" if datapath.scale_precision == "promoted" else datapath.scale_precision
+    nan = "spec" if datapath.nan == "zero_opposite_sign" else datapath.nan
+    return Datapath(rounding=datapath.rounding, scale_precision=precision, nan=nan,
+                    subnormals=datapath.subnormals)
 
 
 def _small_float_min_normal(x_type) -> float:

@@ -149,12 +149,16 @@ def _datapath_fields(datapath: Datapath, x_type: ElementType) -> dict:
     "Datapath options", MX): rounding, subnormals, scale_precision, nan. `scale` is read
     and changes nothing (X is a power of two: x / X and x * (1 / X) are the same exact
     value); nan_to_integer, accumulator and requantization describe steps MX lacks."""
+    if datapath.nan == "zero_opposite_sign":
+        # a NaN block's codes are the block rule's, not a conversion of NaN: "spec"'s
+        datapath = dataclasses.replace(datapath, nan="spec")
     if datapath.is_onnx or dataclasses.replace(datapath, float8_encoder="exact").is_onnx:
         return {}  # (float8_encoder is Cast's and QuantizeLinear's: MX ignores it)
     return dict(rounding=ROUND_CODES[datapath.rounding], flush_inputs=datapath.flush_inputs,
                 flush_below=0x38800000 if x_type.name == "float16" else 0x00800000,
                 flush_outputs=datapath.flush_outputs,
-                quotient_f32=datapath.scale_precision == "float32",
+                # "promoted": numpy divides float32, float16 and bfloat16 by e8m0 in float32
+                quotient_f32=datapath.scale_precision in ("float32", "promoted"),
                 canonical_nan=datapath.nan == "canonical")
 
 

@@ -99,10 +99,15 @@ def datapath_rounding(datapath, recipe: str) -> int:
     if datapath.scale != ONNX.scale and datapath.scale != RECIPE_SCALE[recipe]:
         raise ValueError(f"nvfp4_quantize: datapath scale={datapath.scale!r} conflicts with recipe="
                          f"{recipe!r}, which forms its element by {RECIPE_SCALE[recipe]!r}")
-    if datapath.scale_precision not in (None, "float32"):
+    # "promoted": numpy's promotion of the recipes' float32 operands is float32
+    if datapath.scale_precision not in (None, "float32", "promoted"):
         raise ValueError(f"nvfp4_quantize: datapath scale_precision={datapath.scale_precision!r} "
                          f"conflicts with recipe={recipe!r}, which computes in float32 "
-                         "(allowed: None or 'float32')")
+                         "(allowed: None, 'float32' or 'promoted')")
+    if datapath.nan == "zero_opposite_sign":
+        raise ValueError(f"nvfp4_quantize: datapath nan='zero_opposite_sign' conflicts with "
+                         f"recipe={recipe!r}, which writes its own e2m1 code for a NaN element "
+                         "(allowed: 'spec' or 'canonical')")
     return ROUND_CODES[datapath.rounding]
 
 

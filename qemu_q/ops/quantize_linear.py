@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
@@ -15,7 +15,7 @@ from .._buffers import (
 from .._dispatch import Path
 from .._dtypes import (
     CODE_INTEGER, CODE_SMALL_FLOAT, FMT_FLOAT32, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, PATH_GENERAL,
-    SF_RULE_FNUZ_INF_NAN, SF_RULE_NAN_SIGN, array_element_type,
+    SF_RULE_FNUZ_INF_NAN, SF_RULE_NAN_OPPOSITE_ZERO, SF_RULE_NAN_SIGN, array_element_type,
 )
 from .._opspec import cast_float8_table, get_spec, normalize_opset
 from .._pack import packed_size
@@ -29,6 +29,7 @@ from .._typing import Array, TypeSpec
 from ..codecs import PACKABLE_BITS, check_codes, is_family, zero_codes_as_values
 from ..datapath import (
     NANS_TO_INTEGER, ONNX, ROUND_CODES, Datapath, as_datapath, check_float8_encoder, check_random_bits,
+    promoted_quotient_precision,
 )
 from .._validate import (
     ArraySpec, cached_plan, check_attribute, check_type, resolve_granularity, signature as _signature,
@@ -46,6 +47,23 @@ _FLOAT32_DIVISION_SCALES = ("float", "float16", "bfloat16", "float8e8m0")
 # QuantizeConfig's datapath_wide (pyx/_datapath_loops_f64.pxi.tp): which staging loop
 # feeds the datapath's float32 loops.
 _WIDE_NONE, _WIDE_X, _WIDE_HALF, _WIDE_F64 = 0, 1, 2, 3
+
+
+def _promoted(x_type, scale_type, precision_type, precision: int) -> str | None:
+    """Datapath scale_precision="promoted" resolved once per plan into a precision the
+    kernels have: None where it is the ONNX division precision P of the version (the
+    default paths then run), else "float32" or "float64". A nonzero `precision`
+    attribute names P itself (onnx.reference converts both operands to it first: the
+    operands' rounding is not reproduced, docs/divergences.md)."""
+    if precision:
+        return None
+    promoted = promoted_quotient_precision(x_type.name, scale_type.name)
+    onnx_precision = "float32" if precision_type.name == "float" else precision_type.name
+    if promoted == onnx_precision:
+        return None
+    # a half type is promoted only from two operands of that type, where P is that type too
+    assert promoted in ("float32", "float64"), (promoted, onnx_precision)
+    return promoted
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,12 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         check_type(spec, opset, "y", out_type)
 
     precision_type = division_precision(spec, scale_type, precision, where)
+    # "promoted" into a small float with a float64 quotient: ml_dtypes' float64 -> small
+    # float conversion goes through float32 (datapath_one's quotient_through_float32)
+    through_float32 = False
+    if datapath.scale_precision == "promoted":
+        datapath = replace(datapath, scale_precision=_promoted(x_type, scale_type, precision_type, precision))
+        through_float32 = datapath.scale_precision == "float64" and out_type.kind == "small_float"
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                "y_scale", "y_zero_point")
     # x and the scale are float32 values divided in float32: one IEEE division is the
@@ -155,7 +179,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     # does not hold: datapath_one). Integer codes and the ONNX small floats only, as above.
     datapath_wide = _WIDE_NONE
     if (use_datapath and fast_kernels and not datapath_f32 and not (family and not integer)
-            and not onnxruntime_float8):
+            and not onnxruntime_float8 and not through_float32):
         half_x = x_type.name in ("float16", "bfloat16")
         if float64_quotient:
             if datapath.rounding != "stochastic":
@@ -181,6 +205,9 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
             small_float_rules |= SF_RULE_NAN_SIGN
         if table.fnuz_inf_to_nan:
             small_float_rules |= SF_RULE_FNUZ_INF_NAN
+    if datapath.nan == "zero_opposite_sign" and out_type.kind == "small_float" and not onnxruntime_float8:
+        # only formats without NaN codes change (pyx/_codecs.pxd, small_float_specials)
+        small_float_rules |= SF_RULE_NAN_OPPOSITE_ZERO
     fields = dict(
         outer=gran.outer, axis_len=gran.axis_len, inner=gran.inner, granularity=gran.kind,
         block_size=gran.block_size, x_format=x_type.value_format,
@@ -203,7 +230,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         scale_min_normal=_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
         f32_operands=f32_operands and use_datapath, datapath_f32=datapath_f32,
         onnxruntime_float8=onnxruntime_float8,
-        datapath_wide=datapath_wide,
+        datapath_wide=datapath_wide, quotient_through_float32=through_float32,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 
