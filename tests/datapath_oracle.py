@@ -12,6 +12,7 @@ a rounded (exactly representable, or beyond max) value comes from tests/float_or
 
 from __future__ import annotations
 
+import hashlib
 import math
 from fractions import Fraction
 from functools import lru_cache
@@ -216,6 +217,26 @@ def value_of(v: float):
     return Fraction(v)
 
 
+_QUOTIENT_ARRAYS: dict = {}
+
+
+def _quotients_of(flat: np.ndarray, s: Fraction, dp: dict, precision: str, x_type: str,
+                  scale_type: str) -> list:
+    """(value, quotient, negative) of every element of flat, remembered per input array and
+    quotient step: the exhaustive tests round the same quotients by every mode."""
+    key = (hashlib.sha256(flat.tobytes()).hexdigest(), flat.size, s,
+           dp.get("subnormals", "keep") in ("flush_inputs", "flush_both"), dp.get("scale", "divide"),
+           dp.get("scale_precision"), precision, x_type, scale_type)
+    if key not in _QUOTIENT_ARRAYS:
+        triples = []
+        for v in flat.tolist():
+            xv = value_of(v)
+            q = quotient(xv, s, dp, precision, x_type, scale_type)
+            triples.append((xv, q, quotient_sign(q, xv, s)))
+        _QUOTIENT_ARRAYS[key] = triples
+    return _QUOTIENT_ARRAYS[key]
+
+
 def quantize_array(x: np.ndarray, scale: float, zero_point, out: str, dp: dict, *,
                    words=None, precision: str = "float", x_type: str = "float16",
                    scale_type: str = "float", saturate: int = 1, opset: int = 28) -> np.ndarray:
@@ -228,21 +249,15 @@ def quantize_array(x: np.ndarray, scale: float, zero_point, out: str, dp: dict, 
     integer = out in INTEGERS
     bits = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int4": 4, "uint4": 4, "int2": 2, "uint2": 2}
     result = np.empty(flat.size, np.uint32)
-    cache = {}
-    for i, v in enumerate(flat.tolist()):
+    rounding_cache = {}
+    for i, (xv, q, negative) in enumerate(_quotients_of(flat, s, dp, precision, x_type, scale_type)):
         word = int(words[i])
         # Zeros and NaNs keyed by their sign, the rest by value.
-        key = (v, word) if v == v and v != 0.0 else (repr(v), math.copysign(1.0, v), word)
-        if key in cache:
-            result[i] = cache[key]
-            continue
-        xv = value_of(v)
-        q = quotient(xv, s, dp, precision, x_type, scale_type)
-        negative = quotient_sign(q, xv, s)
-        if integer:
-            code = to_integer(q, negative, int(zero_point or 0), out, dp, word) & ((1 << bits[out]) - 1)
-        else:
-            code = to_small_float(q, negative, out, dp, word, saturate, opset)
-        cache[key] = code
-        result[i] = code
+        key = (q, negative, word) if not isinstance(q, float) else (repr(q), negative, word)
+        if key not in rounding_cache:
+            if integer:
+                rounding_cache[key] = to_integer(q, negative, int(zero_point or 0), out, dp, word) & ((1 << bits[out]) - 1)
+            else:
+                rounding_cache[key] = to_small_float(q, negative, out, dp, word, saturate, opset)
+        result[i] = rounding_cache[key]
     return result.reshape(np.shape(x))
