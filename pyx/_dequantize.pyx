@@ -18,7 +18,7 @@ from _codecs cimport (
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, SF_COUNT, round_to_value_format, valid_small_float_id,
     pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_HALF_AWAY,
     DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD, DP_STOCHASTIC,
-    double_bits, bits_double, select_i32, select_i64, select_f64, stochastic_carry_f64,
+    double_bits, bits_double, float_bits, select_i32, select_i64, select_f64, stochastic_carry_f64,
     float16_bits_of_value, bfloat16_bits_of_value, flush_subnormal_f32, flush_subnormal_f64,
 )
 from _layout cimport (
@@ -387,6 +387,72 @@ cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssiz
                 products[i] = (<double>c - z) * s
 
 
+cdef inline void datapath_nearest_f32(const dq_code_t* x, float* y, Py_ssize_t n, const double* scale,
+                                      const double* zero_point, bint params_vary,
+                                      const DequantizePlan* p) noexcept nogil:
+    # float32 outputs rounded to nearest even (the options that keep the mode: scale
+    # precision, flushes, canonical NaN): as on the ONNX path, x - zero_point is exact in
+    # float32 (at most 17 bits, or a small float less +-0) and its float32 product with
+    # the scale (a float32 value) is the exact product rounded once, to inf beyond the
+    # largest finite; a float32 or float64 scale_precision rounds that exact product to
+    # itself first. Then the result's flush and NaN code, in one pass.
+    cdef Py_ssize_t i
+    cdef double scale_min = p.scale_min_normal if p.flush_inputs else 0.0
+    cdef float x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
+    cdef float flush_below = <float>p.round_fields.flush_below
+    cdef bint canonical = p.canonical_nan
+    cdef float nan = bits_float(p.nan_bits)
+    cdef float s = <float>flush_subnormal_f64(scale[0], scale_min)
+    cdef float z = <float>zero_point[0]
+    cdef float d, v
+    cdef int shift = p.code_shift
+    cdef int32_t wrap = p.code_wrap
+    cdef int32_t c
+    cdef SmallFloat32Decoder dec = p.decoder
+    if dq_code_t is int32_t:
+        return  # not a fast datapath plan (the config refuses it)
+    elif dq_code_t is uint8_t:
+        if p.small_float_bytes:
+            if params_vary:
+                for i in range(n):
+                    d = flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - <float>zero_point[i]
+                    v = select_f32(d == d, d * <float>flush_subnormal_f64(scale[i], scale_min), d)
+                    y[i] = nearest_f32_result(v, flush_below, canonical, nan)
+            else:
+                for i in range(n):
+                    d = flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - z
+                    y[i] = nearest_f32_result(select_f32(d == d, d * s, d), flush_below, canonical, nan)
+        elif params_vary:
+            for i in range(n):
+                c = integer_code(x[i], shift, True)
+                d = <float>(c + ((c >> 31) & wrap)) - <float>zero_point[i]
+                y[i] = nearest_f32_result(d * <float>flush_subnormal_f64(scale[i], scale_min), flush_below,
+                                          canonical, nan)
+        else:
+            for i in range(n):
+                c = integer_code(x[i], shift, True)
+                d = <float>(c + ((c >> 31) & wrap)) - z
+                y[i] = nearest_f32_result(d * s, flush_below, canonical, nan)
+    else:
+        if params_vary:
+            for i in range(n):
+                c = <int16_t>x[i]
+                d = <float>(c + ((c >> 31) & wrap)) - <float>zero_point[i]
+                y[i] = nearest_f32_result(d * <float>flush_subnormal_f64(scale[i], scale_min), flush_below,
+                                          canonical, nan)
+        else:
+            for i in range(n):
+                c = <int16_t>x[i]
+                d = <float>(c + ((c >> 31) & wrap)) - z
+                y[i] = nearest_f32_result(d * s, flush_below, canonical, nan)
+
+
+cdef inline float nearest_f32_result(float v, float flush_below, bint canonical, float nan) noexcept nogil:
+    # the result's flush (a zero of its sign) and NaN code
+    v = flush_subnormal_f32(v, flush_below)
+    return select_f32(canonical & (v != v), nan, v)
+
+
 cdef inline void round_products(const double* products, void* y, Py_ssize_t n, Py_ssize_t first,
                                 const DequantizePlan* p) noexcept nogil:
     # The second loop: the mode's and output's, from the plan; first is the index of the
@@ -407,6 +473,13 @@ cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssiz
     cdef Py_ssize_t done = start
     cdef Py_ssize_t offset, k, params
     cursor_at(&p.layout, start, end, &c)
+    if y_storage_t is float:
+        if p.rounding == DP_HALF_EVEN:
+            while next_segment(&p.layout, &c, &seg):
+                datapath_nearest_f32(x + (seg.start - start), y + (seg.start - start), seg.length,
+                                     p.scale + seg.param_index, p.zero_point + seg.param_index,
+                                     seg.params_vary, p)
+            return
     while next_segment(&p.layout, &c, &seg):
         offset = 0
         while offset < seg.length:
