@@ -113,7 +113,7 @@ def tie_scales(out: str) -> list[float]:
     # 2**-14; bfloat16: below 2**-126): the same mantissas placed there
     for exponent in (0, -9, 30, -(base.IEEE[out][1] * -1) - 6):
         for k in rng.integers(2 ** (m + 1), 2 ** (m + 2), size=4):
-            scales.append(math.ldexp(float(k) | 1, exponent - m - 1))
+            scales.append(math.ldexp(float(int(k) | 1), exponent - m - 1))
     # the overflow boundaries: 31 * 1082401 * 2**103 is float32's largest finite plus half
     # an ulp, a tie between it and 2**128; float16's is 65520 = 65504 + 16
     scales += [1082401 * 2.0 ** 103, 2.0 ** 127 * 1.5, 65520.0 / 31, 65504.0 / 31]
@@ -215,7 +215,7 @@ def test_packed_int4_takes_the_fast_loops():
     for out, rounding in (("float32", "stochastic"), ("float16", "half_down"), ("bfloat16", "up")):
         datapath = qemu_q.Datapath(rounding=rounding, subnormals="flush_both")
         w = words if rounding == "stochastic" else None
-        got = qemu_q.dequantize_linear(qemu_q.pack(codes), scale, qemu_q.pack(zp), axis=1, block_size=32,
+        got = qemu_q.dequantize_linear(qemu_q.pack(codes), scale, zp, axis=1, block_size=32,
                                        packed=True, dtype="int4", shape=codes.shape, output_dtype=out,
                                        datapath=datapath, random_bits=w, n_threads=2)
         base.check(got, oracle(d, s, "float", out, {"rounding": rounding, "subnormals": "flush_both"}, w),
@@ -258,7 +258,7 @@ def test_small_float_code_flush_and_nan_codes():
             if subnormals == "flush_both":
                 d = np.where((np.abs(values) < x_min) & (values != 0), np.copysign(0.0, values), values)
             datapath = {"rounding": "down", "subnormals": subnormals}
-            check_both(codes, scale, None, d + 0.0, np.full(d.shape, float(scale)), "float16", out,
+            check_both(codes, scale, None, d - 0.0, np.full(d.shape, float(scale)), "float16", out,
                        datapath, None, f"{name} * float16 {float(scale)!r}")
 
 
