@@ -881,6 +881,76 @@ def run_mx_datapath(threads: int, repeat: int, rows: int, cols: int, elements=MX
     return 1 if missed else 0
 
 
+# DequantizeLinear's options (docs/semantics.md, "DequantizeLinear under a datapath"):
+# rounding, scale_precision, nan, subnormals; the fields it ignores change no loop.
+DQ_DATAPATH_OPTIONS = [
+    (mode, dict(rounding=mode)) for mode in
+    ("half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd", "stochastic")
+] + [
+    ("scale_precision float32", dict(scale_precision="float32")),
+    ("scale_precision float64", dict(scale_precision="float64")),
+    ("nan canonical", dict(nan="canonical")),
+    ("flush_inputs", dict(subnormals="flush_inputs")),
+    ("flush_outputs", dict(subnormals="flush_outputs")),
+    ("flush_both", dict(subnormals="flush_both")),
+    ("all: half_away float32 flush_both", dict(rounding="half_away", scale_precision="float32",
+                                              subnormals="flush_both", nan="canonical")),
+]
+# (name, code type, layout) of the 16M DequantizeLinear cases (as dq_int8_tensor,
+# dq_int8_axis1, dq_f8e4m3fn, dq_int4_block32 of CASES)
+DQ_DATAPATH_CASES = [("int8 per-tensor", "int8", "tensor"), ("int8 per-axis 1", "int8", "axis1"),
+                     ("e4m3fn per-tensor", "float8e4m3fn", "tensor"),
+                     ("int4 packed blocked 32", "int4", "block32")]
+
+
+def run_dq_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("float32", "float16"),
+                    only=None, cases=None) -> int:
+    """dequantize_linear with each qemu_q.Datapath option it reads against the default
+    datapath, on the 16M (rows x cols) DequantizeLinear cases into float32 and float16
+    (output_dtype), the two timed alternately in the same run; each option's time over the
+    default's, against DATAPATH_TARGET. Returns 1 when an option misses the target."""
+    rng = np.random.default_rng(SEED)
+    words = rng.integers(0, 2**32, (rows, cols), dtype=np.uint64).astype(np.uint32)
+    print(f"{rows}x{cols} codes ({rows * cols} elements), best of {repeat} rounds, {threads} threads, "
+          f"kernels {_kernels.active.level}")
+    print(f"{'output':<9} {'case':<24} {'option':<34} {'default':>9} {'option':>9} {'ratio':>6}")
+    missed = []
+    for name, qtype, layout in DQ_DATAPATH_CASES:
+        if cases and name not in cases:
+            continue
+        inputs = make_inputs(CaseSpec(name, "DQ", qtype, layout, packed=qtype == "int4"), (rows, cols), rng)
+        x = inputs.x
+        kw = dict(axis=inputs.axis, block_size=inputs.block_size)
+        if qtype == "int4":  # packed, as dq_int4_block32
+            x = qemu_q.pack(inputs.x)
+            kw.update(packed=True, shape=inputs.x.shape)
+        args = (x, inputs.scale, inputs.zero_point)
+        for out in outputs:
+            y = np.empty((rows, cols), np.float32 if out == "float32" else np.float16)
+
+            def default(args=args, kw=kw, y=y, out=out):
+                return qemu_q.dequantize_linear(*args, output_dtype=out, out=y, n_threads=threads, **kw)
+            for option_name, options in DQ_DATAPATH_OPTIONS:
+                if only and option_name not in only:
+                    continue
+                dp = qemu_q.Datapath(**options)
+                bits_in = words if dp.rounding == "stochastic" else None
+
+                def option(dp=dp, bits_in=bits_in, args=args, kw=kw, y=y, out=out):
+                    return qemu_q.dequantize_linear(*args, output_dtype=out, out=y, n_threads=threads,
+                                                    datapath=dp, random_bits=bits_in, **kw)
+                times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
+                ratio = times["option"] / times["default"]
+                mark = "" if ratio <= DATAPATH_TARGET else "  MISSED"
+                if ratio > DATAPATH_TARGET:
+                    missed.append((out, name, option_name))
+                print(f"{out:<9} {name:<24} {option_name:<34} {times['default'] * 1e3:>7.2f}ms "
+                      f"{times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}", flush=True)
+    if missed:
+        print(f"over {DATAPATH_TARGET}x: {missed}")
+    return 1 if missed else 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", help="comma-separated case names (default: all; see --list)")
@@ -925,7 +995,16 @@ def main(argv=None):
                         "names of MX_DATAPATH_OPTIONS)")
     p.add_argument("--mx-elements", default=",".join(MX_DATAPATH_ELEMENTS),
                    help="with --mx-datapath: comma-separated MX elements (default: all)")
+    p.add_argument("--dq-datapath", action="store_true",
+                   help="only dequantize_linear's qemu_q.Datapath options, each vs the default "
+                        "datapath (the 16M DequantizeLinear cases into float32 and float16; with "
+                        "--datapath-options: names of DQ_DATAPATH_OPTIONS; with --cases: names of "
+                        "DQ_DATAPATH_CASES)")
     args = p.parse_args(argv)
+    if args.dq_datapath:
+        return run_dq_datapath(args.threads, args.repeat, args.rows, args.cols,
+                               only=args.datapath_options.split(",") if args.datapath_options else None,
+                               cases=args.cases.split(",") if args.cases else None)
     if args.datapath:
         return run_datapath(args.threads, args.repeat, args.rows, args.cols,
                             layouts=tuple(args.datapath_layouts.split(",")),

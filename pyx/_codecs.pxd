@@ -1091,3 +1091,47 @@ cdef inline float double_to_float_odd_staged(double q) noexcept nogil:
     low = a & <int64_t>0x1FFFFFFF
     a = (a - low) | select_i64(low != 0, <int64_t>0x20000000, 0)
     return <float>bits_double(<uint64_t>(sign | a))
+
+
+# Double helpers of DequantizeLinear's datapath loops (_dequantize_datapath_loops.pxi),
+# branch-free so that those loops vectorize.
+cdef inline double select_f64(bint condition, double if_true, double if_false) noexcept nogil:
+    return bits_double(<uint64_t>select_i64(condition, <int64_t>double_bits(if_true),
+                                            <int64_t>double_bits(if_false)))
+
+
+cdef inline int32_t stochastic_carry_f64(double frac, uint32_t random_word) noexcept nogil:
+    # stochastic_carry_f32 on a double fraction (0 <= frac < 1, exact): W = floor(frac *
+    # 2**32), the first 32 bits of the fraction, plus the word carries out of 32 bits. f is
+    # exact; from 2**31 up f - 2**31 is exact (Sterbenz) and below it f itself is taken:
+    # either way the truncation to int32 is in range and is the floor, and bit 31 put back
+    # gives W - 2**31 as a signed int32, compared as stochastic_carry_f32 does.
+    cdef double f = frac * 4294967296.0
+    cdef bint big = f >= 2147483648.0
+    cdef double low = f - select_f64(big, 2147483648.0, 0.0)
+    cdef int32_t below = <int32_t>low | select_i32(big, 0, <int32_t>(<uint32_t>0x80000000))
+    return below > <int32_t>(<uint32_t>0x7FFFFFFF - random_word)
+
+
+cdef inline uint16_t float16_bits_of_value(float v) noexcept nogil:
+    # float_to_float16_bits (the same bits: v a binary16 value, inf or NaN) without
+    # branches. The subnormal product is formed on a magnitude selected below 2**-14 only,
+    # so that its conversion is always in range.
+    cdef uint32_t b = float_bits(v)
+    cdef uint32_t sign = (b >> 16) & 0x8000
+    cdef uint32_t magnitude = b & 0x7FFFFFFF
+    cdef bint subnormal = magnitude < 0x38800000
+    cdef float small = select_f32(subnormal, fabsf(v), <float>0.0)
+    cdef int32_t h = select_i32(subnormal, <int32_t>(small * <float>16777216.0),
+                                <int32_t>((magnitude >> 13) - (112 << 10)))
+    h = select_i32(magnitude >= 0x7F800000,
+                   select_i32(magnitude == 0x7F800000, 0x7C00, <int32_t>(0x7E00 | ((magnitude >> 13) & 0x3FF))),
+                   h)
+    return <uint16_t>(sign | <uint32_t>h)
+
+
+cdef inline uint16_t bfloat16_bits_of_value(float v) noexcept nogil:
+    # float_to_bfloat16_bits without a branch: a NaN stays quiet
+    cdef uint32_t b = float_bits(v)
+    return <uint16_t>select_i32((b & 0x7FFFFFFF) > 0x7F800000, <int32_t>((b >> 16) | 0x0040),
+                                <int32_t>(b >> 16))

@@ -16,7 +16,10 @@ from _codecs cimport (
     y_storage_t,
     SmallFloat32Decoder, small_float32_decoder, decode_small_float32, select_f32,
     FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16, SF_COUNT, round_to_value_format, valid_small_float_id,
-    pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_STOCHASTIC,
+    pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_HALF_AWAY,
+    DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD, DP_STOCHASTIC,
+    double_bits, bits_double, float_bits, select_i32, select_i64, select_f64, stochastic_carry_f64,
+    float16_bits_of_value, bfloat16_bits_of_value, flush_subnormal_f32, flush_subnormal_f64,
 )
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
@@ -32,6 +35,21 @@ from _memory cimport (
 cdef enum:
     # Codes unpacked into a stack buffer before they are dequantized: a multiple of 8.
     UNPACK_BUFFER = 4096
+    # Exact products staged in L1 between the datapath's two loops (4 KiB of doubles).
+    DATAPATH_CHUNK = 512
+
+
+# What the datapath rounding loops read (DequantizePlan.round_fields).
+cdef struct DatapathRounding:
+    int32_t to_float32         # the product first rounded to float32 (scale_precision)
+    int64_t min_exponent_bits  # the output's smallest normal exponent, as double bits
+    double out_max             # the output's largest finite
+    double flush_below         # the output's smallest normal (flush_outputs), else 0
+    int32_t canonical_nan
+    uint32_t nan_bits
+
+
+include "_dequantize_datapath_loops.pxi"
 
 
 # Storage of DequantizeLinear's x: 8-bit codes of every kind (decoded through a 256-entry
@@ -125,6 +143,12 @@ cdef struct DequantizePlan:
     double out_max
     uint32_t nan_bits          # the canonical NaN of the output format
     const uint32_t* random_bits  # one word per element of x (stochastic rounding), else NULL
+    # The datapath's vectorized loops (8- and 16-bit integer codes, 8-bit small floats):
+    # the exact products staged (datapath_products), then rounded by round_loop.
+    bint fast_datapath
+    int32_t code_wrap          # added to a negative sign-extended code of an unsigned type
+    datapath_round_loop round_loop
+    DatapathRounding round_fields
 
 
 cdef inline float code_value(dq_code_t c, const float* table, bint signed16) noexcept nogil:
@@ -309,6 +333,170 @@ cdef inline void run_datapath(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, 
             y[i] = pack_value_format(f, p.out_format)
 
 
+cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssize_t n,
+                                   const double* scale, const double* zero_point, bint params_vary,
+                                   const DequantizePlan* p) noexcept nogil:
+    # The first of the datapath's two loops: (x - zero_point) * scale, exact in double
+    # (a code of at most 17 significant bits, or a small float of at most 8, times a
+    # float32-exact scale), with datapath_value's flushes of the code and the scale, and
+    # its IEEE results for zeros, infinities and NaNs (a NaN code wins over a NaN scale).
+    # The codes are decoded branch-free: sign-extended, plus code_wrap where an unsigned
+    # code's top bit was set.
+    cdef Py_ssize_t i
+    cdef double scale_min = p.scale_min_normal if p.flush_inputs else 0.0
+    cdef float x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
+    cdef double s = flush_subnormal_f64(scale[0], scale_min)
+    cdef double z = zero_point[0]
+    cdef double d
+    cdef int shift = p.code_shift
+    cdef int32_t wrap = p.code_wrap
+    cdef int32_t c
+    cdef SmallFloat32Decoder dec = p.decoder
+    if dq_code_t is int32_t:
+        return  # not a fast datapath plan (the config refuses it)
+    elif dq_code_t is uint8_t:
+        if p.small_float_bytes:
+            if params_vary:
+                for i in range(n):
+                    d = <double>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - zero_point[i]
+                    products[i] = select_f64(d == d, d * flush_subnormal_f64(scale[i], scale_min), d)
+            else:
+                for i in range(n):
+                    d = <double>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - z
+                    products[i] = select_f64(d == d, d * s, d)
+        elif params_vary:
+            for i in range(n):
+                c = integer_code(x[i], shift, True)
+                c = c + ((c >> 31) & wrap)
+                products[i] = (<double>c - zero_point[i]) * flush_subnormal_f64(scale[i], scale_min)
+        else:
+            for i in range(n):
+                c = integer_code(x[i], shift, True)
+                c = c + ((c >> 31) & wrap)
+                products[i] = (<double>c - z) * s
+    else:
+        if params_vary:
+            for i in range(n):
+                c = <int16_t>x[i]
+                c = c + ((c >> 31) & wrap)
+                products[i] = (<double>c - zero_point[i]) * flush_subnormal_f64(scale[i], scale_min)
+        else:
+            for i in range(n):
+                c = <int16_t>x[i]
+                c = c + ((c >> 31) & wrap)
+                products[i] = (<double>c - z) * s
+
+
+cdef inline void datapath_nearest_f32(const dq_code_t* x, float* y, Py_ssize_t n, const double* scale,
+                                      const double* zero_point, bint params_vary,
+                                      const DequantizePlan* p) noexcept nogil:
+    # float32 outputs rounded to nearest even (the options that keep the mode: scale
+    # precision, flushes, canonical NaN): as on the ONNX path, x - zero_point is exact in
+    # float32 (at most 17 bits, or a small float less +-0) and its float32 product with
+    # the scale (a float32 value) is the exact product rounded once, to inf beyond the
+    # largest finite; a float32 or float64 scale_precision rounds that exact product to
+    # itself first. Then the result's flush and NaN code, in one pass.
+    cdef Py_ssize_t i
+    cdef double scale_min = p.scale_min_normal if p.flush_inputs else 0.0
+    cdef float x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
+    cdef float flush_below = <float>p.round_fields.flush_below
+    cdef bint canonical = p.canonical_nan
+    cdef float nan = bits_float(p.nan_bits)
+    cdef float s = <float>flush_subnormal_f64(scale[0], scale_min)
+    cdef float z = <float>zero_point[0]
+    cdef float d, v
+    cdef int shift = p.code_shift
+    cdef int32_t wrap = p.code_wrap
+    cdef int32_t c
+    cdef SmallFloat32Decoder dec = p.decoder
+    if dq_code_t is int32_t:
+        return  # not a fast datapath plan (the config refuses it)
+    elif dq_code_t is uint8_t:
+        if p.small_float_bytes:
+            if params_vary:
+                for i in range(n):
+                    d = flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - <float>zero_point[i]
+                    v = select_f32(d == d, d * <float>flush_subnormal_f64(scale[i], scale_min), d)
+                    y[i] = nearest_f32_result(v, flush_below, canonical, nan)
+            else:
+                for i in range(n):
+                    d = flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - z
+                    y[i] = nearest_f32_result(select_f32(d == d, d * s, d), flush_below, canonical, nan)
+        elif params_vary:
+            for i in range(n):
+                c = integer_code(x[i], shift, True)
+                d = <float>(c + ((c >> 31) & wrap)) - <float>zero_point[i]
+                y[i] = nearest_f32_result(d * <float>flush_subnormal_f64(scale[i], scale_min), flush_below,
+                                          canonical, nan)
+        else:
+            for i in range(n):
+                c = integer_code(x[i], shift, True)
+                d = <float>(c + ((c >> 31) & wrap)) - z
+                y[i] = nearest_f32_result(d * s, flush_below, canonical, nan)
+    else:
+        if params_vary:
+            for i in range(n):
+                c = <int16_t>x[i]
+                d = <float>(c + ((c >> 31) & wrap)) - <float>zero_point[i]
+                y[i] = nearest_f32_result(d * <float>flush_subnormal_f64(scale[i], scale_min), flush_below,
+                                          canonical, nan)
+        else:
+            for i in range(n):
+                c = <int16_t>x[i]
+                d = <float>(c + ((c >> 31) & wrap)) - z
+                y[i] = nearest_f32_result(d * s, flush_below, canonical, nan)
+
+
+cdef inline float nearest_f32_result(float v, float flush_below, bint canonical, float nan) noexcept nogil:
+    # the result's flush (a zero of its sign) and NaN code
+    v = flush_subnormal_f32(v, flush_below)
+    return select_f32(canonical & (v != v), nan, v)
+
+
+cdef inline void round_products(const double* products, void* y, Py_ssize_t n, Py_ssize_t first,
+                                const DequantizePlan* p) noexcept nogil:
+    # The second loop: the mode's and output's, from the plan; first is the index of the
+    # first product's element in the whole x (where its random word is).
+    p.round_loop(products, y, n, p.random_bits + first if p.random_bits != NULL else NULL,
+                 &p.round_fields)
+
+
+cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
+                                     Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
+    # dequantize_range under a fast datapath: the segments' products gathered in chunks
+    # of DATAPATH_CHUNK (short runs, such as blocks of 32, share one rounding loop call),
+    # each chunk rounded into the contiguous y it covers.
+    cdef double products[DATAPATH_CHUNK]
+    cdef Cursor c
+    cdef Segment seg
+    cdef Py_ssize_t filled = 0
+    cdef Py_ssize_t done = start
+    cdef Py_ssize_t offset, k, params
+    cursor_at(&p.layout, start, end, &c)
+    if y_storage_t is float:
+        if p.rounding == DP_HALF_EVEN:
+            while next_segment(&p.layout, &c, &seg):
+                datapath_nearest_f32(x + (seg.start - start), y + (seg.start - start), seg.length,
+                                     p.scale + seg.param_index, p.zero_point + seg.param_index,
+                                     seg.params_vary, p)
+            return
+    while next_segment(&p.layout, &c, &seg):
+        offset = 0
+        while offset < seg.length:
+            k = min(seg.length - offset, <Py_ssize_t>DATAPATH_CHUNK - filled)
+            params = seg.param_index + (offset if seg.params_vary else 0)
+            datapath_products(x + (seg.start + offset - start), products + filled, k,
+                              p.scale + params, p.zero_point + params, seg.params_vary, p)
+            filled += k
+            offset += k
+            if filled == DATAPATH_CHUNK:
+                round_products(products, y + (done - start), filled, done, p)
+                done += filled
+                filled = 0
+    if filled:
+        round_products(products, y + (done - start), filled, done, p)
+
+
 cdef inline void run_small_float16(const uint16_t* x, y_storage_t* y, Py_ssize_t n, const double* scale,
                                    const double* zero_point, bint params_vary,
                                    const SmallFloat32Decoder* decoder, int out_format) noexcept nogil:
@@ -412,6 +600,10 @@ cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t
     # y[0 : end - start].
     cdef Cursor c
     cdef Segment seg
+    if dq_code_t is not int32_t:
+        if p.fast_datapath:
+            datapath_fast_range(x, y, start, end, p)
+            return
     if dq_code_t is uint8_t:
         if y_storage_t is float:
             if (p.fast and (p.integer_bytes or p.small_float_bytes) and p.layout.granularity == BLOCKED
@@ -500,7 +692,7 @@ cdef class DequantizeConfig:
                  int out_format, bint fast, bint float32_parameters, bint datapath=False,
                  int rounding=DP_HALF_EVEN, int scale_precision=0, bint flush_inputs=False,
                  bint flush_outputs=False, bint canonical_nan=False, double x_min_normal=0.0,
-                 double scale_min_normal=0.0):
+                 double scale_min_normal=0.0, bint fast_datapath=False):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if table.shape[0] != 256:
@@ -520,7 +712,11 @@ cdef class DequantizeConfig:
         if scale_precision not in (0, 1, 2):
             raise ValueError(f"scale_precision {scale_precision}: 0 (the output type), 1 float32, 2 float64")
         if datapath and fast:
-            raise ValueError("a datapath runs on the general loops only (fast=False)")
+            raise ValueError("a datapath runs on the datapath loops only (fast=False)")
+        if fast_datapath and not (datapath and (0 < integer_bits <= 8 or (code_size == 1 and small_float_id >= 0)
+                                                or (code_size == 2 and small_float_id < 0))):
+            raise ValueError("the fast datapath loops take 8- and 16-bit integer codes and 8-bit "
+                             "small floats under a datapath")
         if outer < 0 or axis_len < 0 or inner < 0:
             raise ValueError("outer, axis_len and inner must be >= 0")
         if outer and inner and axis_len > (<Py_ssize_t>1 << 62) // outer // inner:
@@ -558,6 +754,19 @@ cdef class DequantizeConfig:
         p.x_min_normal = x_min_normal if datapath else 0.0
         p.scale_min_normal = scale_min_normal if datapath else 0.0
         p.random_bits = NULL
+        p.fast_datapath = fast_datapath
+        p.code_wrap = 0
+        if code_size == 1 and self.plan.integer_bytes and not integer_signed:
+            p.code_wrap = 1 << integer_bits
+        elif code_size == 2 and not signed16:
+            p.code_wrap = 1 << 16
+        p.round_loop = datapath_round_loop_for(p.rounding, out_format)
+        p.round_fields.to_float32 = p.product_rounded and scale_precision == 1
+        p.round_fields.min_exponent_bits = (<int64_t>(p.out_min_exponent + 1023)) << 52
+        p.round_fields.out_max = p.out_max
+        p.round_fields.flush_below = 2.0 ** p.out_min_exponent if p.flush_outputs else 0.0
+        p.round_fields.canonical_nan = p.canonical_nan
+        p.round_fields.nan_bits = p.nan_bits
         self.code_size = code_size
         self.code_bits = code_bits
         self.float32_parameters = float32_parameters
@@ -565,6 +774,11 @@ cdef class DequantizeConfig:
     @property
     def size(self):
         return self.plan.layout.size
+
+    @property
+    def fast_datapath(self):
+        """Whether the datapath runs on the vectorized loops (else the general one)."""
+        return bool(self.plan.fast_datapath)
 
     @property
     def stochastic(self):

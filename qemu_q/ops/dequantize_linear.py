@@ -57,6 +57,8 @@ class DequantizePlan(_dispatch.KernelPlan):
 # has no subnormals.
 _SCALE_MIN_NORMAL = {"float": 2.0 ** -126, "float16": 2.0 ** -14, "bfloat16": 2.0 ** -126}
 _SCALE_PRECISIONS = {None: 0, "float32": 1, "float64": 2}
+# Scale types whose every value is a float32 (at most 24 significant bits).
+_FLOAT32_EXACT_SCALES = frozenset({"float", "float16", "bfloat16", "float8e8m0"})
 
 
 def datapath_reads(datapath: Datapath) -> Datapath:
@@ -124,6 +126,12 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     # `datapath` holds only the fields DequantizeLinear reads: anything but the default
     # runs the general datapath loop, on float64 parameters; the ONNX default changes no path.
     use_datapath = datapath != ONNX
+    # 8- and 16-bit integer codes and 8-bit small floats times a float32-exact scale: the
+    # product is exact in double and the vectorized datapath loops round it
+    # (pyx/_dequantize_datapath_loops.pxi.tp); FAST_KERNELS=False keeps the general loop.
+    fast_datapath = (use_datapath and fast_kernels and scale_type.name in _FLOAT32_EXACT_SCALES
+                     and ((integer and x_type.bits <= 16 and x_type.storage.itemsize <= 2)
+                          or (x_type.kind == "small_float" and x_type.storage.itemsize == 1)))
     if use_datapath:
         fast_kernels = False
     fields = dict(
@@ -153,6 +161,7 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         x_min_normal=(_small_float_min_normal(x_type) if use_datapath and x_type.kind == "small_float"
                       else 0.0),
         scale_min_normal=_SCALE_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
+        fast_datapath=fast_datapath,
     )
     return DequantizePlan(where, x_type, out_type, tuple(fields.items()))
 
