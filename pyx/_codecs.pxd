@@ -575,8 +575,8 @@ cdef inline uint16_t float_to_float16_rne(float v) noexcept nogil:
     # subnormal 2**-24, so the FPU's ties-to-even counts subnormal steps
     cdef int32_t sub = <int32_t>float_bits(bits_float(<uint32_t>a) + <float>0.5) - 0x3F000000
     cdef int32_t code = select_i32(a < 0x38800000, sub, normal)
-    code = code if code < 0x7C00 else 0x7C00
-    code = code if a <= 0x7F800000 else 0x7E00 | ((a >> 13) & 0x3FF)
+    code = select_i32(code < 0x7C00, code, 0x7C00)
+    code = select_i32(a > 0x7F800000, 0x7E00 | ((a >> 13) & 0x3FF), code)
     return <uint16_t>(<uint32_t>code | sign)
 
 
@@ -586,7 +586,7 @@ cdef inline uint16_t float_to_bfloat16_rne(float v) noexcept nogil:
     cdef uint32_t b = float_bits(v)
     cdef uint32_t rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
     cdef uint32_t nan = (b >> 16) | 0x0040
-    return <uint16_t>(nan if (b & 0x7FFFFFFF) > 0x7F800000 else rounded)
+    return <uint16_t>select_i32((b & 0x7FFFFFFF) > 0x7F800000, <int32_t>nan, <int32_t>rounded)
 
 
 cdef inline float float16_to_float_select(uint16_t h) noexcept nogil:
@@ -594,16 +594,16 @@ cdef inline float float16_to_float_select(uint16_t h) noexcept nogil:
     # round trip of the general path leaves it)
     cdef uint32_t sign = (<uint32_t>(h & 0x8000)) << 16
     cdef uint32_t magnitude = (<uint32_t>(h & 0x7FFF)) << 13
-    cdef uint32_t finite = float_bits(bits_float(magnitude) * <float>5.192296858534828e+33)  # 2**112
-    cdef uint32_t special = 0x7F800000 | magnitude | (0x00400000 if magnitude > 0x0F800000 else 0)
-    return bits_float(sign | (special if magnitude >= 0x0F800000 else finite))
+    cdef int32_t finite = <int32_t>float_bits(bits_float(magnitude) * <float>5.192296858534828e+33)  # 2**112
+    cdef int32_t special = <int32_t>(0x7F800000 | magnitude) | select_i32(magnitude > 0x0F800000, 0x00400000, 0)
+    return bits_float(sign | <uint32_t>select_i32(magnitude >= 0x0F800000, special, finite))
 
 
 cdef inline float bfloat16_to_float_quiet(uint16_t b) noexcept nogil:
     # bfloat16_to_float with a NaN made quiet, as the general path's float -> double
     # conversion leaves it
     cdef uint32_t bits = (<uint32_t>b) << 16
-    return bits_float(bits | (0x00400000 if (bits & 0x7FFFFFFF) > 0x7F800000 else 0))
+    return bits_float(bits | <uint32_t>select_i32((bits & 0x7FFFFFFF) > 0x7F800000, 0x00400000, 0))
 
 
 # Cast's float32 datapath loops into the ONNX small floats (pyx/_cast_loops.pxi): the
