@@ -365,15 +365,41 @@ cdef void small_float_datapath_task(const CastWork* w, Py_ssize_t start, Py_ssiz
     piece = start
     while piece < stop:
         end = min(piece + <Py_ssize_t>WIDEN_CHUNK, stop)
-        if p.source_kind == CAST_FLOAT16:
-            for i in range(piece, end):
-                buffer[i - piece] = float16_to_float_select(x16[i])
-        else:
-            for i in range(piece, end):
-                buffer[i - piece] = bits_float((<uint32_t>x16[i]) << 16)
+        widen(x16, buffer, piece, end, p.source_kind == CAST_FLOAT16)
         run_cast_small_float(buffer, w.y + piece, end - piece,
                              words + piece if words != NULL else NULL, p.rounding,
                              &p.small_float_datapath, &p.encoder)
+        piece = end
+
+
+cdef inline void widen(const uint16_t* x16, float* buffer, Py_ssize_t piece, Py_ssize_t end,
+                       bint float16) noexcept nogil:
+    # float16 / bfloat16 elements [piece, end) as float32 values (exact) into buffer[0:]
+    cdef Py_ssize_t i
+    if float16:
+        for i in range(piece, end):
+            buffer[i - piece] = float16_to_float_select(x16[i])
+    else:
+        for i in range(piece, end):
+            buffer[i - piece] = bits_float((<uint32_t>x16[i]) << 16)
+
+
+cdef void half_small_float_task(const CastWork* w, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+    # The default Cast from float16 / bfloat16 into a small float: the input widened
+    # (exactly) a piece at a time, then the float32 loop's encoder.
+    cdef const CastPlan* p = &w.plan
+    cdef SmallFloat32Encoder encoder = p.encoder
+    cdef float buffer[WIDEN_CHUNK]
+    cdef uint8_t* y8
+    cdef Py_ssize_t piece, end, i, n
+    piece = start
+    while piece < stop:
+        end = min(piece + <Py_ssize_t>WIDEN_CHUNK, stop)
+        widen(<const uint16_t*>w.x, buffer, piece, end, p.source_kind == CAST_FLOAT16)
+        y8 = w.y + piece
+        n = end - piece
+        for i in range(n):
+            y8[i] = <uint8_t>encode_small_float32(buffer[i], &encoder)
         piece = end
 
 
@@ -448,6 +474,8 @@ cdef void cast_task(const void* work, Py_ssize_t task) noexcept nogil:
             if w.random_bits != NULL:
                 word = w.random_bits[i]
             store(w.y, i, p.target_bytes, datapath_convert(load(w.x, i, p.source_bytes), word, p))
+    elif p.path == CAST_PATH_F32_SMALL_FLOAT and p.source_kind != CAST_FLOAT32:
+        half_small_float_task(w, start, stop)
     elif p.path == CAST_PATH_F32_SMALL_FLOAT:
         encoder = p.encoder  # a local copy: loop invariants the compiler can keep in registers
         for i in range(start, stop):
@@ -498,8 +526,9 @@ cdef class CastConfig:
             raise ValueError(f"CastConfig: unknown round_mode {round_mode}")
         if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN | SF_RULE_NAN_NEGATIVE_ZERO):
             raise ValueError(f"CastConfig: unknown small_float_rules bits {small_float_rules:#x}")
-        if path == CAST_PATH_F32_SMALL_FLOAT and not (source_kind == CAST_FLOAT32 and target_kind == CAST_SMALL_FLOAT):
-            raise ValueError("CastConfig: the float32 small-float path needs float32 into a small float")
+        if path == CAST_PATH_F32_SMALL_FLOAT and not (
+                source_kind in (CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16) and target_kind == CAST_SMALL_FLOAT):
+            raise ValueError("CastConfig: the small-float path needs float32, float16 or bfloat16 into a small float")
         if path == CAST_PATH_F32_E8M0 and not (source_kind == CAST_FLOAT32 and target_kind == CAST_E8M0):
             raise ValueError("CastConfig: the float32 e8m0 path needs float32 into float8e8m0")
         # (source kinds, target kinds, target bits) each typed path serves

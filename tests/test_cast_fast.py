@@ -80,7 +80,8 @@ def test_the_plans_pick_the_typed_loops():
     for x in (x32, x16, xb):
         for to in SMALL:
             assert plan_path(x, to, up) == _dtypes.CAST_PATH_SMALL_FLOAT_DATAPATH
-    assert plan_path(x32, "float8e4m3fn") == _dtypes.CAST_PATH_F32_SMALL_FLOAT
+    for x in (x32, x16, xb):
+        assert plan_path(x, "float8e4m3fn") == _dtypes.CAST_PATH_F32_SMALL_FLOAT
     # the general loop for everything else: wider integers, float64, a datapath into an IEEE
     # type, onnxruntime's float8 constructors
     assert plan_path(x32, "int32") == _dtypes.CAST_PATH_GENERAL
@@ -277,7 +278,7 @@ def test_levels_threads_heads_and_tails_agree_with_the_general_path():
         h = x.astype(F16)
         b = x.astype(BF16)
     cases = [(x, "float16", {}), (x, "bfloat16", {}), (x, "int8", {}), (x, "uint16", {}),
-             (h, "float", {}), (b, "float", {}),
+             (h, "float", {}), (b, "float", {}), (h, "float8e4m3fnuz", {}), (b, "float6e2m3", {}),
              (x, "float8e4m3fn", {"datapath": qemu_q.Datapath(rounding="stochastic", subnormals="flush_both"),
                                   "random_bits": words}),
              (h, "float8e5m2", {"datapath": qemu_q.Datapath(rounding="to_odd"), }),

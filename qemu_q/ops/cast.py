@@ -169,6 +169,8 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
             path = CAST_PATH_F32_BF16
         elif target_kind in (CAST_SIGNED, CAST_UNSIGNED) and target_bits in (8, 16):
             path = CAST_PATH_F32_INTEGER
+    elif target_kind == CAST_SMALL_FLOAT and source_kind in (CAST_FLOAT16, CAST_BFLOAT16):
+        path = CAST_PATH_F32_SMALL_FLOAT  # widened to float32 a piece at a time
     elif target_kind == CAST_FLOAT32:
         if source_kind == CAST_FLOAT16:
             path = CAST_PATH_F16_F32
