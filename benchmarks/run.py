@@ -838,6 +838,65 @@ MX_DATAPATH_OPTIONS = [
 MX_DATAPATH_ELEMENTS = ("float8e4m3fn", "float8e5m2", "float6e2m3", "float6e3m2", "float4e2m1", "int8")
 
 
+CAST_DATAPATH_OPTIONS = [
+    (mode, dict(rounding=mode)) for mode in
+    ("half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd", "stochastic")
+] + [
+    ("flush_inputs", dict(subnormals="flush_inputs")),
+    ("flush_outputs", dict(subnormals="flush_outputs")),
+    ("flush_both", dict(subnormals="flush_both")),
+    ("nan canonical", dict(nan="canonical")),
+    ("all: stochastic flush_both canonical", dict(rounding="stochastic", subnormals="flush_both",
+                                                  nan="canonical")),
+]
+# (source dtype, target) of --cast-datapath: the Cast cases of --cast into the small floats,
+# and the half-precision sources that the datapath loop widens first
+CAST_DATAPATH_CASES = (("float32", "float8e4m3fn"), ("float32", "float4e2m1"), ("float16", "float8e4m3fn"),
+                       ("bfloat16", "float8e5m2"))
+
+
+def run_cast_datapath(threads: int, repeat: int, rows: int, cols: int, only=None,
+                      cases=CAST_DATAPATH_CASES) -> int:
+    """cast with each qemu_q.Datapath option it reads against the default datapath (the
+    ONNX Cast), on rows x cols elements (default 16M; float32 as --cast draws them, the
+    half sources rounded from them), the two timed alternately in the same run; each
+    option's time over the default's, against DATAPATH_TARGET. Returns 1 when an option
+    misses the target."""
+    rng = np.random.default_rng(SEED)
+    x32 = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+    words = rng.integers(0, 2**32, x32.shape, dtype=np.uint64).astype(np.uint32)
+    sources = {"float32": x32, "float16": x32.astype(np.float16), "bfloat16": x32.astype(ml_dtypes.bfloat16)}
+    print(f"{rows}x{cols} ({x32.size} elements), best of {repeat} rounds, {threads} threads, "
+          f"kernels {_kernels.active.level}")
+    print(f"{'case':<26} {'option':<38} {'default':>9} {'option':>9} {'ratio':>6}")
+    missed = []
+    for source, to in cases:
+        x = sources[source]
+        out = np.empty(x.shape, qemu_q.cast(x[:1, :1], to).dtype)
+        title = f"{source} -> {to}"
+
+        def default(x=x, to=to, out=out):
+            return qemu_q.cast(x, to, out=out, n_threads=threads)
+        for name, options in CAST_DATAPATH_OPTIONS:
+            if only and name not in only:
+                continue
+            dp = qemu_q.Datapath(**options)
+            bits_in = words if dp.rounding == "stochastic" else None
+
+            def option(x=x, to=to, out=out, dp=dp, bits_in=bits_in):
+                return qemu_q.cast(x, to, out=out, n_threads=threads, datapath=dp, random_bits=bits_in)
+            times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
+            ratio = times["option"] / times["default"]
+            mark = "" if ratio <= DATAPATH_TARGET else "  MISSED"
+            if ratio > DATAPATH_TARGET:
+                missed.append((title, name))
+            print(f"{title:<26} {name:<38} {times['default'] * 1e3:>7.2f}ms "
+                  f"{times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}", flush=True)
+    if missed:
+        print(f"over {DATAPATH_TARGET}x: {missed}")
+    return 1 if missed else 0
+
+
 def run_mx_datapath(threads: int, repeat: int, rows: int, cols: int, elements=MX_DATAPATH_ELEMENTS,
                     only=None) -> int:
     """mx_quantize with each qemu_q.Datapath option it reads against the default datapath,
@@ -993,6 +1052,10 @@ def main(argv=None):
                    help="only mx_quantize's qemu_q.Datapath options, each vs the default datapath "
                         "(16M float32, blocks of 32, every element; with --datapath-options: "
                         "names of MX_DATAPATH_OPTIONS)")
+    p.add_argument("--cast-datapath", action="store_true",
+                   help="only cast's qemu_q.Datapath options, each vs the default Cast (16M elements: "
+                        "float32 -> float8e4m3fn, float4e2m1; float16 -> float8e4m3fn; bfloat16 -> "
+                        "float8e5m2; with --datapath-options: names of CAST_DATAPATH_OPTIONS)")
     p.add_argument("--mx-elements", default=",".join(MX_DATAPATH_ELEMENTS),
                    help="with --mx-datapath: comma-separated MX elements (default: all)")
     p.add_argument("--dq-datapath", action="store_true",
@@ -1009,6 +1072,9 @@ def main(argv=None):
         return run_datapath(args.threads, args.repeat, args.rows, args.cols,
                             layouts=tuple(args.datapath_layouts.split(",")),
                             only=args.datapath_options.split(",") if args.datapath_options else None)
+    if args.cast_datapath:
+        return run_cast_datapath(args.threads, args.repeat, args.rows, args.cols,
+                                 only=args.datapath_options.split(",") if args.datapath_options else None)
     if args.mx_datapath:
         return run_mx_datapath(args.threads, args.repeat, args.rows, args.cols,
                                elements=tuple(args.mx_elements.split(",")),

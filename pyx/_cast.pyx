@@ -4,8 +4,11 @@
 # for the sub-byte types, as ml_dtypes stores them) and one CastConfig.
 #
 # The general path decodes each element to a double (exact for every type but the 64-bit
-# integers, which are rounded to odd) or to a 64-bit integer, then encodes it; float32 into
-# a small float or float8e8m0, the hot cases, have their own loops over the same codecs.
+# integers, which are rounded to odd) or to a 64-bit integer, then encodes it; the hot
+# cases have their own loops over the same codecs, decided once per plan (CastConfig's
+# path): float32 into a small float or float8e8m0, float32 into float16 / bfloat16 / 8- and
+# 16-bit integers, float16 / bfloat16 into float32, and a Datapath into a small float from
+# float32 (float16 / bfloat16 widened first), one loop per rounding mode (_cast_loops.pxi).
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport trunc, isnan, isinf, fabs, copysign, ldexp, INFINITY
@@ -15,7 +18,8 @@ from _tasks cimport run_tasks
 from _codecs cimport (
     CAST_FLOAT64, CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16, CAST_SMALL_FLOAT, CAST_E8M0,
     CAST_SIGNED, CAST_UNSIGNED, CAST_BOOL, CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT,
-    CAST_PATH_F32_E8M0, SF_COUNT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
+    CAST_PATH_F32_E8M0, CAST_PATH_SMALL_FLOAT_DATAPATH, CAST_PATH_F32_F16, CAST_PATH_F32_BF16,
+    CAST_PATH_F32_INTEGER, CAST_PATH_F16_F32, CAST_PATH_BF16_F32, SF_COUNT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
     SF_RULE_NAN_NEGATIVE_ZERO, SF_RULE_NAN_OPPOSITE_ZERO, E8M0_UP, E8M0_NEAREST,
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32, encode_float8_onnxruntime,
     SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ,
@@ -25,12 +29,19 @@ from _codecs cimport (
     round_half_even, round_to_float16_value, round_to_bfloat16_value, float_to_float16_bits,
     float_to_bfloat16_bits, SmallFloatFormat, small_float_format, exact_parts,
     round_exact_to_format, round_exact_units, DP_HALF_EVEN, DP_STOCHASTIC,
+    float_to_float16_rne, float_to_bfloat16_rne, float16_to_float_select, bfloat16_to_float_quiet,
+    CastSmallFloatDatapath,
 )
 from _memory cimport check_aligned, random_words
 
 cdef enum:
     # Elements per task: large enough that scheduling is noise, small enough to balance.
     CAST_CHUNK = 32768
+    # float16 / bfloat16 inputs of the small-float datapath loops are widened to float32
+    # this many at a time, into a buffer that stays in L1
+    WIDEN_CHUNK = 1024
+
+include "_cast_loops.pxi"
 
 
 cdef struct CastPlan:
@@ -67,6 +78,8 @@ cdef struct CastPlan:
     bint onnxruntime_float8
     int target_format
     int source_format
+    # CAST_PATH_SMALL_FLOAT_DATAPATH's loop invariants
+    CastSmallFloatDatapath small_float_datapath
 
 
 cdef struct CastWork:
@@ -336,6 +349,108 @@ cdef inline uint64_t datapath_convert(uint64_t raw, uint32_t word, const CastPla
     return datapath_from_value(decode_e8m0(<uint32_t>raw), word, p)
 
 
+cdef void small_float_datapath_task(const CastWork* w, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+    # float32 x straight into the mode's loop; float16 / bfloat16 x widened (exactly) a
+    # piece at a time first. Each element's random word is its own, whatever the pieces.
+    cdef const CastPlan* p = &w.plan
+    cdef const uint16_t* x16 = <const uint16_t*>w.x
+    cdef const uint32_t* words = w.random_bits
+    cdef float buffer[WIDEN_CHUNK]
+    cdef Py_ssize_t piece, end, i
+    if p.source_kind == CAST_FLOAT32:
+        run_cast_small_float(<const float*>w.x + start, w.y + start, stop - start,
+                             words + start if words != NULL else NULL, p.rounding,
+                             &p.small_float_datapath, &p.encoder)
+        return
+    piece = start
+    while piece < stop:
+        end = min(piece + <Py_ssize_t>WIDEN_CHUNK, stop)
+        widen(x16, buffer, piece, end, p.source_kind == CAST_FLOAT16)
+        run_cast_small_float(buffer, w.y + piece, end - piece,
+                             words + piece if words != NULL else NULL, p.rounding,
+                             &p.small_float_datapath, &p.encoder)
+        piece = end
+
+
+cdef inline void widen(const uint16_t* x16, float* buffer, Py_ssize_t piece, Py_ssize_t end,
+                       bint float16) noexcept nogil:
+    # float16 / bfloat16 elements [piece, end) as float32 values (exact) into buffer[0:]
+    cdef Py_ssize_t i
+    if float16:
+        for i in range(piece, end):
+            buffer[i - piece] = float16_to_float_select(x16[i])
+    else:
+        for i in range(piece, end):
+            buffer[i - piece] = bits_float((<uint32_t>x16[i]) << 16)
+
+
+cdef void half_small_float_task(const CastWork* w, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+    # The default Cast from float16 / bfloat16 into a small float: the input widened
+    # (exactly) a piece at a time, then the float32 loop's encoder.
+    cdef const CastPlan* p = &w.plan
+    cdef SmallFloat32Encoder encoder = p.encoder
+    cdef float buffer[WIDEN_CHUNK]
+    cdef uint8_t* y8
+    cdef Py_ssize_t piece, end, i, n
+    piece = start
+    while piece < stop:
+        end = min(piece + <Py_ssize_t>WIDEN_CHUNK, stop)
+        widen(<const uint16_t*>w.x, buffer, piece, end, p.source_kind == CAST_FLOAT16)
+        y8 = w.y + piece
+        n = end - piece
+        for i in range(n):
+            y8[i] = <uint8_t>encode_small_float32(buffer[i], &encoder)
+        piece = end
+
+
+cdef void typed_task(const CastWork* w, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+    # The default (ONNX) conversions between float32 and the 16-bit floats and from
+    # float32 into 8- and 16-bit integers, with the general path's bits (convert) in loops
+    # the compiler vectorizes. Pointers and bounds in locals: a store through y may alias
+    # anything reached through w.
+    cdef const CastPlan* p = &w.plan
+    cdef const float* x32 = <const float*>w.x
+    cdef const uint16_t* x16 = <const uint16_t*>w.x
+    cdef float* y32 = <float*>w.y
+    cdef uint16_t* y16 = <uint16_t*>w.y
+    cdef uint8_t* y8 = w.y
+    cdef Py_ssize_t i
+    cdef float v, lo, hi
+    cdef int path = p.path
+    if path == CAST_PATH_F32_F16:
+        for i in range(start, stop):
+            y16[i] = float_to_float16_rne(x32[i])
+    elif path == CAST_PATH_F32_BF16:
+        for i in range(start, stop):
+            y16[i] = float_to_bfloat16_rne(x32[i])
+    elif path == CAST_PATH_F16_F32:
+        for i in range(start, stop):
+            y32[i] = float16_to_float_select(x16[i])
+    elif path == CAST_PATH_BF16_F32:
+        for i in range(start, stop):
+            y32[i] = bfloat16_to_float_quiet(x16[i])
+    else:
+        # float_to_integer on 8 and 16 bits: the type's bounds are float32 values, so
+        # clamping before the truncation gives the saturated truncation (a value between
+        # hi and hi + 1 truncates to hi either way), and NaN is sent to 0 first
+        lo = <float>p.float_lo
+        hi = <float>(p.float_above - 1.0)
+        if p.target_bytes == 1:
+            for i in range(start, stop):
+                v = x32[i]
+                v = v if v == v else <float>0.0
+                v = v if v > lo else lo
+                v = v if v < hi else hi
+                y8[i] = <uint8_t><int32_t>v
+        else:
+            for i in range(start, stop):
+                v = x32[i]
+                v = v if v == v else <float>0.0
+                v = v if v > lo else lo
+                v = v if v < hi else hi
+                y16[i] = <uint16_t><int32_t>v
+
+
 cdef void cast_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef const CastWork* w = <const CastWork*>work
     cdef const CastPlan* p = &w.plan
@@ -350,11 +465,17 @@ cdef void cast_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef int round_mode
     cdef bint saturate
     cdef uint32_t word = 0
-    if p.datapath:
+    if p.path == CAST_PATH_SMALL_FLOAT_DATAPATH:
+        small_float_datapath_task(w, start, stop)
+    elif p.path >= CAST_PATH_F32_F16:
+        typed_task(w, start, stop)
+    elif p.datapath:
         for i in range(start, stop):
             if w.random_bits != NULL:
                 word = w.random_bits[i]
             store(w.y, i, p.target_bytes, datapath_convert(load(w.x, i, p.source_bytes), word, p))
+    elif p.path == CAST_PATH_F32_SMALL_FLOAT and p.source_kind != CAST_FLOAT32:
+        half_small_float_task(w, start, stop)
     elif p.path == CAST_PATH_F32_SMALL_FLOAT:
         encoder = p.encoder  # a local copy: loop invariants the compiler can keep in registers
         for i in range(start, stop):
@@ -389,7 +510,8 @@ cdef class CastConfig:
                  bint canonical_nan=False, double source_min_normal=0.0,
                  bint onnxruntime_float8=False):
         cdef SmallFloatFormat f
-        if path not in (CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_F32_E8M0):
+        cdef CastSmallFloatDatapath* d
+        if not CAST_PATH_GENERAL <= path <= CAST_PATH_BF16_F32:
             raise ValueError(f"CastConfig: unknown path {path}")
         for name, kind, bits, fmt in (("source", source_kind, source_bits, source_format),
                                       ("target", target_kind, target_bits, target_format)):
@@ -405,12 +527,31 @@ cdef class CastConfig:
         if small_float_rules & ~(SF_RULE_NAN_SIGN | SF_RULE_FNUZ_INF_NAN | SF_RULE_NAN_NEGATIVE_ZERO
                                  | SF_RULE_NAN_OPPOSITE_ZERO):
             raise ValueError(f"CastConfig: unknown small_float_rules bits {small_float_rules:#x}")
-        if path == CAST_PATH_F32_SMALL_FLOAT and not (source_kind == CAST_FLOAT32 and target_kind == CAST_SMALL_FLOAT):
-            raise ValueError("CastConfig: the float32 small-float path needs float32 into a small float")
+        if path == CAST_PATH_F32_SMALL_FLOAT and not (
+                source_kind in (CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16) and target_kind == CAST_SMALL_FLOAT):
+            raise ValueError("CastConfig: the small-float path needs float32, float16 or bfloat16 into a small float")
         if path == CAST_PATH_F32_E8M0 and not (source_kind == CAST_FLOAT32 and target_kind == CAST_E8M0):
             raise ValueError("CastConfig: the float32 e8m0 path needs float32 into float8e8m0")
-        if datapath and path != CAST_PATH_GENERAL:
-            raise ValueError("CastConfig: a datapath runs on the general path only")
+        # (source kinds, target kinds, target bits) each typed path serves
+        needs = {CAST_PATH_F32_F16: ((CAST_FLOAT32,), (CAST_FLOAT16,), None),
+                 CAST_PATH_F32_BF16: ((CAST_FLOAT32,), (CAST_BFLOAT16,), None),
+                 CAST_PATH_F32_INTEGER: ((CAST_FLOAT32,), (CAST_SIGNED, CAST_UNSIGNED), (8, 16)),
+                 CAST_PATH_F16_F32: ((CAST_FLOAT16,), (CAST_FLOAT32,), None),
+                 CAST_PATH_BF16_F32: ((CAST_BFLOAT16,), (CAST_FLOAT32,), None),
+                 CAST_PATH_SMALL_FLOAT_DATAPATH: ((CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16),
+                                                  (CAST_SMALL_FLOAT,), None)}
+        if path in needs:
+            sources, targets, widths = needs[path]
+            if source_kind not in sources or target_kind not in targets or (
+                    widths is not None and target_bits not in widths):
+                raise ValueError(f"CastConfig: path {path} does not serve source_kind {source_kind} "
+                                 f"into target_kind {target_kind} of {target_bits} bits")
+        if datapath != (path in (CAST_PATH_GENERAL, CAST_PATH_SMALL_FLOAT_DATAPATH)) and path != CAST_PATH_GENERAL:
+            raise ValueError(f"CastConfig: path {path} " + ("needs" if path == CAST_PATH_SMALL_FLOAT_DATAPATH
+                                                             else "runs without") + " a datapath")
+        if path == CAST_PATH_SMALL_FLOAT_DATAPATH and (onnxruntime_float8 or target_format >= SF_COUNT):
+            raise ValueError("CastConfig: the small-float datapath loops serve the ONNX small floats "
+                             "without float8_encoder='onnxruntime'")
         if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
             raise ValueError(f"CastConfig: rounding {rounding} is not a datapath rounding")
         # encode_float8_onnxruntime relies on the Cast-24 rows in the encoder and rounds
@@ -467,6 +608,20 @@ cdef class CastConfig:
             targets[target_kind] = (f.mantissa_bits, f.min_exponent, f.max_finite, 0)
         (p.target_mantissa_bits, p.target_min_exponent, p.target_max,
          p.nan_bits) = targets.get(target_kind, (0, 0, 0.0, 0))
+        d = &p.small_float_datapath
+        d.x_min_normal = <float>p.source_min_normal if p.flush_inputs else <float>0.0
+        d.shift = 23 - p.target_mantissa_bits
+        d.fraction_mask = (1 << d.shift) - 1
+        d.fraction_scale = <float>(2.0 ** -d.shift)
+        d.min_normal_bits = (p.target_min_exponent + 127) << 23 if target_kind == CAST_SMALL_FLOAT else 0
+        d.min_normal_code = 1 << p.target_mantissa_bits
+        d.subnormal_scale = <float>(2.0 ** (p.target_mantissa_bits - p.target_min_exponent))
+        d.flush_outputs = p.flush_outputs
+
+    @property
+    def path(self):
+        """The loop this plan runs (a CastPath: qemu_q._dtypes.CAST_PATH_*)."""
+        return self.plan.path
 
     @property
     def stochastic(self):

@@ -66,6 +66,14 @@ cdef enum CastPath:
     CAST_PATH_GENERAL = 0
     CAST_PATH_F32_SMALL_FLOAT = 1
     CAST_PATH_F32_E8M0 = 2
+    # a Datapath into an ONNX small float from float32 (float16 / bfloat16 widened first):
+    # one loop per rounding mode (pyx/_cast_loops.pxi)
+    CAST_PATH_SMALL_FLOAT_DATAPATH = 3
+    CAST_PATH_F32_F16 = 4        # float32 -> float16, bit arithmetic
+    CAST_PATH_F32_BF16 = 5       # float32 -> bfloat16
+    CAST_PATH_F32_INTEGER = 6    # float32 -> 8- and 16-bit integers (truncation, saturation)
+    CAST_PATH_F16_F32 = 7        # float16 -> float32 (exact)
+    CAST_PATH_BF16_F32 = 8       # bfloat16 -> float32 (exact)
 
 
 cdef enum SmallFloatId:
@@ -556,6 +564,68 @@ cdef inline int encode_float8_onnxruntime(float v, const SmallFloat32Encoder* e,
 cdef inline float select_f32(bint condition, float if_true, float if_false) noexcept nogil:
     # select_i32 on the bits: both operands computed, no branch, no speculation needed.
     return bits_float(<uint32_t>select_i32(condition, <int32_t>float_bits(if_true), <int32_t>float_bits(if_false)))
+
+
+# Branch-free conversions between float32 and the 16-bit floats, for Cast's typed loops
+# (pyx/_cast.pyx): the bits float_to_float16_bits(round_to_float16_value(v, 0)),
+# float_to_bfloat16_bits(round_to_bfloat16_value(v, 0)) and float16_to_float /
+# bfloat16_to_float give (ties to even, overflow to inf, a NaN quiet with its payload's
+# leading bits: docs/semantics.md, "Cast"), with integer operations and one float add that
+# the compiler vectorizes at every instruction-set level (no F16C needed).
+cdef inline uint16_t float_to_float16_rne(float v) noexcept nogil:
+    cdef uint32_t b = float_bits(v)
+    cdef uint32_t sign = (b >> 16) & 0x8000
+    cdef int32_t a = <int32_t>(b & 0x7FFFFFFF)
+    # normals: round the mantissa on the bits (a carry bumps the exponent, and from
+    # 65520 up reaches 0x7C00, inf); the rebias is 112 << 10
+    cdef int32_t normal = <int32_t>((<uint32_t>a + 0xFFF + ((<uint32_t>a >> 13) & 1)) >> 13) - 0x1C000
+    # below 2**-14: |v| + 0.5 lands in [0.5, 1), whose ulp is float16's smallest
+    # subnormal 2**-24, so the FPU's ties-to-even counts subnormal steps
+    cdef int32_t sub = <int32_t>float_bits(bits_float(<uint32_t>a) + <float>0.5) - 0x3F000000
+    cdef int32_t code = select_i32(a < 0x38800000, sub, normal)
+    code = select_i32(code < 0x7C00, code, 0x7C00)
+    code = select_i32(a > 0x7F800000, 0x7E00 | ((a >> 13) & 0x3FF), code)
+    return <uint16_t>(<uint32_t>code | sign)
+
+
+cdef inline uint16_t float_to_bfloat16_rne(float v) noexcept nogil:
+    # bfloat16 keeps float32's exponent: rounding the bits serves subnormals and the carry
+    # into inf alike; the sign bit is never reached by a finite value's carry
+    cdef uint32_t b = float_bits(v)
+    cdef uint32_t rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    cdef uint32_t nan = (b >> 16) | 0x0040
+    return <uint16_t>select_i32((b & 0x7FFFFFFF) > 0x7F800000, <int32_t>nan, <int32_t>rounded)
+
+
+cdef inline float float16_to_float_select(uint16_t h) noexcept nogil:
+    # float16_to_float without its branch (a NaN also quiet, as a float -> double -> float
+    # round trip of the general path leaves it)
+    cdef uint32_t sign = (<uint32_t>(h & 0x8000)) << 16
+    cdef uint32_t magnitude = (<uint32_t>(h & 0x7FFF)) << 13
+    cdef int32_t finite = <int32_t>float_bits(bits_float(magnitude) * <float>5.192296858534828e+33)  # 2**112
+    cdef int32_t special = <int32_t>(0x7F800000 | magnitude) | select_i32(magnitude > 0x0F800000, 0x00400000, 0)
+    return bits_float(sign | <uint32_t>select_i32(magnitude >= 0x0F800000, special, finite))
+
+
+cdef inline float bfloat16_to_float_quiet(uint16_t b) noexcept nogil:
+    # bfloat16_to_float with a NaN made quiet, as the general path's float -> double
+    # conversion leaves it
+    cdef uint32_t bits = (<uint32_t>b) << 16
+    return bits_float(bits | <uint32_t>select_i32((bits & 0x7FFFFFFF) > 0x7F800000, 0x00400000, 0))
+
+
+# Cast's float32 datapath loops into the ONNX small floats (pyx/_cast_loops.pxi): the
+# loop invariants of QuantizeLinear's small-float datapath body (DatapathF32 of
+# pyx/_quantize.pyx) that a Cast reads, its value being x itself.
+cdef struct CastSmallFloatDatapath:
+    float x_min_normal        # subnormals flush_inputs: below it x is flushed (0: kept)
+    int32_t shift             # 23 - mantissa bits
+    int32_t fraction_mask     # (1 << shift) - 1: the float32 bits below the target's ulp
+    float fraction_scale      # 2**-shift
+    int32_t min_normal_bits   # float32 bits of the target's smallest normal
+    int32_t min_normal_code   # its code, 1 << mantissa bits
+    float subnormal_scale     # 2**(mantissa_bits - min_exponent): |x| in subnormal ulps
+    int32_t flush_outputs     # 1: a result below the smallest normal becomes zero
 
 
 # The one small-float decoder: a code into its float32 value (exact: every small-float

@@ -39,6 +39,10 @@ SF_RULE_NAN_OPPOSITE_ZERO = ENUMS["SF_RULE_NAN_OPPOSITE_ZERO"]
                                  "E8M0", "SIGNED", "UNSIGNED", "BOOL"))
 CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_F32_E8M0 = (
     ENUMS["CAST_PATH_GENERAL"], ENUMS["CAST_PATH_F32_SMALL_FLOAT"], ENUMS["CAST_PATH_F32_E8M0"])
+(CAST_PATH_SMALL_FLOAT_DATAPATH, CAST_PATH_F32_F16, CAST_PATH_F32_BF16, CAST_PATH_F32_INTEGER,
+ CAST_PATH_F16_F32, CAST_PATH_BF16_F32) = (
+    ENUMS[f"CAST_PATH_{k}"] for k in ("SMALL_FLOAT_DATAPATH", "F32_F16", "F32_BF16", "F32_INTEGER",
+                                      "F16_F32", "BF16_F32"))
 # Cast's round_mode values, indexed by the kernels' E8M0RoundMode.
 E8M0_ROUND_MODES = tuple(
     name for _, name in sorted((ENUMS[f"E8M0_{n.upper()}"], n) for n in ("up", "down", "nearest")))

@@ -16,7 +16,9 @@ from .._buffers import finish_output, flat_storage, kernel_output, prepare_outpu
 from .._dispatch import Path
 from .._dtypes import (
     CAST_BFLOAT16, CAST_BOOL, CAST_E8M0, CAST_FLOAT16, CAST_FLOAT32, CAST_FLOAT64,
-    CAST_PATH_F32_E8M0, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_GENERAL, CAST_SIGNED,
+    CAST_PATH_BF16_F32, CAST_PATH_F16_F32, CAST_PATH_F32_BF16, CAST_PATH_F32_E8M0,
+    CAST_PATH_F32_F16, CAST_PATH_F32_INTEGER, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_GENERAL,
+    CAST_PATH_SMALL_FLOAT_DATAPATH, CAST_SIGNED,
     CAST_SMALL_FLOAT, CAST_UNSIGNED, E8M0_ROUND_MODES, SF_RULE_FNUZ_INF_NAN,
     SF_RULE_NAN_NEGATIVE_ZERO, SF_RULE_NAN_OPPOSITE_ZERO, SF_RULE_NAN_SIGN, ElementType, array_element_type,
     element_type,
@@ -150,13 +152,34 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
     # encoder's rows above (its fast loop stays); anything else runs the datapath loop.
     use_datapath = datapath != Datapath(nan=datapath.nan, float8_encoder=datapath.float8_encoder) or (
         datapath.nan == "canonical" and out_type.kind != "small_float") or onnxruntime_float8
-    if use_datapath:
-        fast_kernels = False
-    if fast_kernels and source_kind == CAST_FLOAT32:
+    # The loop, decided once: the typed loops give the general path's bits (the tests run
+    # both, the general one with fast_kernels off).
+    if not fast_kernels:
+        pass
+    elif use_datapath:
+        # Into an ONNX small float from float32 / float16 / bfloat16: one loop per rounding
+        # mode; every other datapath (and float8_encoder="onnxruntime") the general loop.
+        if (target_kind == CAST_SMALL_FLOAT and not onnxruntime_float8
+                and source_kind in (CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16)):
+            path = CAST_PATH_SMALL_FLOAT_DATAPATH
+    elif source_kind == CAST_FLOAT32:
         if target_kind == CAST_SMALL_FLOAT:
             path = CAST_PATH_F32_SMALL_FLOAT
         elif target_kind == CAST_E8M0:
             path = CAST_PATH_F32_E8M0
+        elif target_kind == CAST_FLOAT16:
+            path = CAST_PATH_F32_F16
+        elif target_kind == CAST_BFLOAT16:
+            path = CAST_PATH_F32_BF16
+        elif target_kind in (CAST_SIGNED, CAST_UNSIGNED) and target_bits in (8, 16):
+            path = CAST_PATH_F32_INTEGER
+    elif target_kind == CAST_SMALL_FLOAT and source_kind in (CAST_FLOAT16, CAST_BFLOAT16):
+        path = CAST_PATH_F32_SMALL_FLOAT  # widened to float32 a piece at a time
+    elif target_kind == CAST_FLOAT32:
+        if source_kind == CAST_FLOAT16:
+            path = CAST_PATH_F16_F32
+        elif source_kind == CAST_BFLOAT16:
+            path = CAST_PATH_BF16_F32
     fields = dict(
         path=path, source_kind=source_kind, source_bits=source_bits, source_format=source_format,
         target_kind=target_kind, target_bits=target_bits, target_format=target_format,

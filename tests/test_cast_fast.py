@@ -1,0 +1,301 @@
+"""Cast's typed loops (pyx/_cast.pyx, typed_task and small_float_datapath_task): float32
+into float16 / bfloat16 / 8- and 16-bit integers, float16 / bfloat16 into float32, and a
+Datapath into the ONNX small floats from float32 (one loop per rounding mode,
+pyx/_cast_loops.pxi).
+
+Each loop against an exact oracle written from docs/semantics.md ("Cast", "Datapath
+options"): tests/float_oracle.py's Fraction rounding, integer truncation in Python,
+tests/test_datapath_dequantize_cast.py's `cast_oracle_small` (the rounding table on exact
+values), on structured samples (every tie of the target and its float32 neighbours, every
+boundary, NaN / inf / -0, float32 subnormals, stochastic words at 0, 2**32 - 1 and the
+carry threshold); and against the general path (FAST_KERNELS off), the reference the loops
+replace, on larger samples, every instruction-set level the machine runs, 1 to 3 threads,
+vector heads and tails. The float16 / bfloat16 sources of the datapath loop are checked
+exhaustively by test_datapath_dequantize_cast.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import float_oracle as fo
+import qemu_q
+from qemu_q import _dispatch, _dtypes, _kernels
+from qemu_q._validate import signature
+from qemu_q.ops.cast import cast_plan
+from support import bits
+from test_datapath_dequantize_cast import SMALL, cast_oracle_small, check
+
+F32, F16, BF16 = np.float32, np.float16, ml_dtypes.bfloat16
+ROUNDINGS = ["half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd",
+             "stochastic"]
+LEVELS = _kernels.available_levels()
+CAST_CHUNK = 32768  # pyx/_cast.pyx: elements per task
+
+
+def plan_path(x, to, datapath=None):
+    plan = cast_plan("Cast", None, signature(np.asarray(x)), _dtypes.element_type(to, "to"), 1, "up",
+                     _dispatch.FAST_KERNELS, datapath or qemu_q.Datapath())
+    assert dict(plan.kernel_fields)["path"] == plan.kernel_config().path
+    return plan.kernel_config().path
+
+
+def general(x, to, **kw):
+    """The general path's result (FAST_KERNELS off: the scalar loop of convert /
+    datapath_convert)."""
+    _dispatch.FAST_KERNELS = False
+    try:
+        return qemu_q.cast(x, to, **kw)
+    finally:
+        _dispatch.FAST_KERNELS = True
+
+
+def neighbourhoods(points) -> np.ndarray:
+    """Each float32 point, its neighbours one ulp away, both signs."""
+    p = np.asarray(points, F32)
+    near = np.concatenate([p, np.nextafter(p, F32(np.inf)), np.nextafter(p, F32(-np.inf))])
+    return np.concatenate([near, -near])
+
+
+SPECIALS = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000,
+                     0x7F800001, 0xFF812345, 0x7FBFFFFF, 0x00000001, 0x80000001, 0x007FFFFF,
+                     0x00800000, 0x7F7FFFFF, 0xFF7FFFFF], np.uint32).view(F32)
+
+
+def test_the_plans_pick_the_typed_loops():
+    x32, x16, xb = np.zeros(3, F32), np.zeros(3, F16), np.zeros(3, BF16)
+    up = qemu_q.Datapath(rounding="up")
+    assert plan_path(x32, "float16") == _dtypes.CAST_PATH_F32_F16
+    assert plan_path(x32, "bfloat16") == _dtypes.CAST_PATH_F32_BF16
+    for to in ("int8", "uint8", "int16", "uint16"):
+        assert plan_path(x32, to) == _dtypes.CAST_PATH_F32_INTEGER
+    assert plan_path(x16, "float") == _dtypes.CAST_PATH_F16_F32
+    assert plan_path(xb, "float") == _dtypes.CAST_PATH_BF16_F32
+    for x in (x32, x16, xb):
+        for to in SMALL:
+            assert plan_path(x, to, up) == _dtypes.CAST_PATH_SMALL_FLOAT_DATAPATH
+    for x in (x32, x16, xb):
+        assert plan_path(x, "float8e4m3fn") == _dtypes.CAST_PATH_F32_SMALL_FLOAT
+    # the general loop for everything else: wider integers, float64, a datapath into an IEEE
+    # type, onnxruntime's float8 constructors
+    assert plan_path(x32, "int32") == _dtypes.CAST_PATH_GENERAL
+    assert plan_path(np.zeros(3), "float8e4m3fn", up) == _dtypes.CAST_PATH_GENERAL
+    assert plan_path(x32, "float16", up) == _dtypes.CAST_PATH_GENERAL
+    assert plan_path(x32, "float8e4m3fn", qemu_q.Datapath(float8_encoder="onnxruntime")) == _dtypes.CAST_PATH_GENERAL
+
+
+# ------------------------------------------------------------- default conversions
+
+
+def half_bits(value: Fraction | float, name: str) -> int:
+    """The bits of an exact float16 / bfloat16 value (or +-inf)."""
+    mantissa_bits, min_exponent, _ = fo.BINARY_FORMATS[name]
+    width_exponent = 5 if name == "float16" else 8
+    bias = (1 << (width_exponent - 1)) - 1
+    sign = 0x8000 if (value < 0 or (value == 0 and math.copysign(1, float(value)) < 0)) else 0
+    if isinstance(value, float) and math.isinf(value):
+        return sign | (((1 << width_exponent) - 1) << mantissa_bits)
+    a = abs(Fraction(value))
+    if a == 0:
+        return sign
+    exponent = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** exponent > a:
+        exponent -= 1
+    if exponent < min_exponent:  # subnormal: the count of the smallest steps
+        return sign | int(a / Fraction(2) ** (min_exponent - mantissa_bits))
+    fraction = int((a / Fraction(2) ** exponent - 1) * (1 << mantissa_bits))
+    return sign | ((exponent + bias) << mantissa_bits) | fraction
+
+
+def half_oracle(x: np.ndarray, name: str) -> list[int]:
+    """docs/semantics.md, Cast float32 -> float16 / bfloat16: round to nearest even,
+    beyond the largest finite +-inf; a NaN quiet, with its sign and its payload's leading
+    bits."""
+    out = []
+    for b in x.view(np.uint32).tolist():
+        sign = (b >> 16) & 0x8000
+        if (b & 0x7FFFFFFF) > 0x7F800000:
+            payload = b & 0x7FFFFF
+            out.append(sign | (0x7E00 | (payload >> 13) if name == "float16" else 0x7FC0 | (payload >> 16)))
+            continue
+        v = float(np.uint32(b).view(F32))
+        if math.isinf(v):
+            out.append(half_bits(v, name))
+            continue
+        r = fo.round_to_binary(Fraction(v), name)
+        out.append(sign if r == 0 else half_bits(r, name))
+    return out
+
+
+def half_points(name: str) -> np.ndarray:
+    """Every positive finite value of the format below 2**15 or so sampled: its values, the
+    midpoints (exact in float32), the overflow threshold and the subnormal boundaries."""
+    if name == "float16":
+        values = np.arange(0, 0x7C00, dtype=np.uint16).view(F16).astype(np.float64)
+    else:
+        codes = np.concatenate([np.arange(0, 0x200), np.arange(0x3F00, 0x4100), np.arange(0x7E00, 0x7F80)])
+        values = codes.astype(np.uint32).astype(np.uint16).view(BF16).astype(np.float64)
+    mids = (values[:-1] + values[1:]) / 2
+    largest = 65504.0 if name == "float16" else float(np.uint32(0x7F7F0000).view(F32))
+    extra = [largest + (16.0 if name == "float16" else 2.0 ** 119), 2.0 ** -14, 2.0 ** -24, 2.0 ** -25,
+             2.0 ** -126, 2.0 ** -133, 2.0 ** -134, 1.0e-45, 3.0e38]
+    return np.concatenate([values[::97], mids[::97], mids[-40:], mids[:40], values[-40:],
+                           mids[1008:1040], extra])
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_float32_into_halves_ties_and_boundaries(name):
+    x = np.concatenate([neighbourhoods(half_points(name)), SPECIALS])
+    got = qemu_q.cast(x, name)
+    check(got, half_oracle(x, name), f"float32 -> {name}")
+    # a wider sample against the general path: every float32 exponent, random mantissas
+    rng = np.random.default_rng(4)
+    wide = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(F32)
+    check(qemu_q.cast(wide, name), bits(general(wide, name)), f"float32 -> {name}, general")
+
+
+def test_halves_into_float32_every_code():
+    codes = np.arange(65536, dtype=np.uint32)
+    # float16: the value from its fields (ldexp is exact); bfloat16: the top half of a float32
+    sign = np.where(codes & 0x8000, -1.0, 1.0)
+    exponent, fraction = (codes >> 10) & 0x1F, codes & 0x3FF
+    value = sign * np.ldexp(np.where(exponent > 0, fraction + 1024, fraction).astype(np.float64),
+                            np.maximum(exponent.astype(np.int64), 1) - 25)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want16 = value.astype(F32).view(np.uint32).astype(np.uint64)
+    special = exponent == 0x1F
+    want16[special] = ((codes[special] & 0x8000) << 16) | 0x7F800000 | (fraction[special] << 13)
+    nan16 = special & (fraction != 0)
+    want16[nan16] |= 0x00400000  # quiet
+    check(qemu_q.cast(codes.astype(np.uint16).view(F16), "float"), want16, "float16 -> float32")
+    wantb = (codes << 16).astype(np.uint64)
+    nanb = (codes & 0x7FFF) > 0x7F80
+    wantb[nanb] |= 0x00400000
+    check(qemu_q.cast(codes.astype(np.uint16).view(BF16), "float"), wantb, "bfloat16 -> float32")
+
+
+@pytest.mark.parametrize("target", ["int8", "uint8", "int16", "uint16"])
+def test_float32_into_integers_truncates_and_saturates(target):
+    width, signed = int(target.lstrip("uint")), not target.startswith("u")
+    lo, hi = (-(1 << (width - 1)), (1 << (width - 1)) - 1) if signed else (0, (1 << width) - 1)
+    edges = [v + d for v in (lo, hi, 0, 1, -1, lo - 1, hi + 1, 2 * hi) for d in (0.0, 0.5, -0.5, 0.25)]
+    x = np.concatenate([neighbourhoods(edges + [1e-40, 2.0 ** 31, 2.0 ** 32, 3e38, 0.999]), SPECIALS,
+                        np.linspace(2 * lo - 3, 2 * hi + 3, 4001, dtype=F32)])
+    got = [int(v) for v in qemu_q.cast(x, target).tolist()]
+    want = []
+    for v in x.tolist():
+        if math.isnan(v):
+            want.append(0)  # docs/semantics.md: NaN -> 0
+        elif math.isinf(v):
+            want.append(hi if v > 0 else lo)
+        else:
+            want.append(min(max(math.trunc(v), lo), hi))
+    assert got == want, target
+
+
+# ------------------------------------------------------- datapath into the small floats
+
+
+def small_points(name: str) -> np.ndarray:
+    """Every non-negative value of the small float, every midpoint between neighbours,
+    the overflow threshold and beyond, the subnormal boundaries of the target and of
+    float32 (the flush threshold of the inputs), 2**20 (the loop's clamp): as float32 with
+    their neighbours, both signs."""
+    fmt = fo.FORMATS[name]
+    values = sorted({float(fo.decode(fmt, c)) for c in fo.finite_codes(fmt)
+                     if not (c & fmt.sign_mask) and fo.decode(fmt, c) >= 0})
+    mids = [(a + b) / 2 for a, b in zip(values, values[1:])]
+    largest, smallest = values[-1], values[1]
+    ulp_top = values[-1] - values[-2]
+    extra = [largest + ulp_top / 2, largest + ulp_top, 2 * largest, smallest / 2, smallest / 4,
+             3 * smallest / 4, 2.0 ** fmt.min_normal_exp, 2.0 ** -126, 2.0 ** -149, 2.0 ** 20,
+             2.0 ** 20 + 2.0 ** 9, 3e38, 1e-30]
+    return neighbourhoods(values + mids + extra)
+
+
+def threshold_words(x: np.ndarray, name: str) -> np.ndarray:
+    """Per element, the word that just carries: 2**32 - W, W the first 32 bits of the
+    fraction of |x| in units of the target's ulp (docs/semantics.md, stochastic)."""
+    fmt = fo.FORMATS[name]
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        a = np.abs(x.astype(np.float64))
+    a = np.where(np.isfinite(a) & (a > 0), np.minimum(a, 2.0 ** 20), 1.0)
+    _, e = np.frexp(a)
+    t = np.ldexp(a, -(np.maximum(e - 1, fmt.min_normal_exp) - fmt.man_bits))
+    w = np.floor((t - np.floor(t)) * 2.0 ** 32).astype(np.uint64)
+    return ((1 << 32) - w).astype(np.uint64) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("target", list(SMALL))
+def test_float32_datapath_into_small_floats_every_mode(target):
+    name = SMALL[target]
+    x = np.concatenate([small_points(name), SPECIALS])
+    carry = threshold_words(x, name)
+    word_sets = [np.zeros(x.shape, np.uint64), np.full(x.shape, 0xFFFFFFFF, np.uint64), carry,
+                 (carry - 1) & 0xFFFFFFFF]
+    for rounding in ROUNDINGS:
+        options = [{"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_both"}]
+        if rounding in ("half_away", "down"):
+            options += [{"rounding": rounding, "subnormals": "flush_inputs", "nan": "canonical"},
+                        {"rounding": rounding, "subnormals": "flush_outputs"}]
+        for datapath, words in itertools.product(options, word_sets if rounding == "stochastic" else [None]):
+            w = None if words is None else words.astype(np.uint32)
+            got = qemu_q.cast(x, target, datapath=qemu_q.Datapath(**datapath), random_bits=w)
+            want = cast_oracle_small(x, name, datapath, w, 2.0 ** -126)
+            check(got, want, f"float32 -> {target} {datapath}")
+    # the carry threshold acts: the words just below it and at it give different codes
+    # wherever the fraction is nonzero
+    up = qemu_q.cast(x, target, datapath=qemu_q.Datapath(rounding="stochastic"),
+                     random_bits=carry.astype(np.uint32))
+    down = qemu_q.cast(x, target, datapath=qemu_q.Datapath(rounding="stochastic"),
+                       random_bits=((carry - 1) & 0xFFFFFFFF).astype(np.uint32))
+    assert np.count_nonzero(bits(up) != bits(down)) > x.size // 4
+
+
+@pytest.mark.parametrize("target", ["float8e4m3fn", "float8e5m2", "float4e2m1"])
+def test_float32_datapath_saturate_zero_rows(target):
+    name = SMALL[target]
+    x = np.concatenate([small_points(name), SPECIALS])
+    for datapath in ({"rounding": "up"}, {"rounding": "half_away", "nan": "canonical"}):
+        got = qemu_q.cast(x, target, saturate=0, datapath=qemu_q.Datapath(**datapath))
+        check(got, bits(general(x, target, saturate=0, datapath=qemu_q.Datapath(**datapath))),
+              f"{target} saturate=0 {datapath}")
+
+
+def test_levels_threads_heads_and_tails_agree_with_the_general_path():
+    rng = np.random.default_rng(9)
+    n = 2 * CAST_CHUNK + 37  # three tasks, the last one short
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-20, 12, n)).astype(F32)
+    x[:len(SPECIALS)] = SPECIALS
+    words = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = x.astype(F16)
+        b = x.astype(BF16)
+    cases = [(x, "float16", {}), (x, "bfloat16", {}), (x, "int8", {}), (x, "uint16", {}),
+             (h, "float", {}), (b, "float", {}), (h, "float8e4m3fnuz", {}), (b, "float6e2m3", {}),
+             (x, "float8e4m3fn", {"datapath": qemu_q.Datapath(rounding="stochastic", subnormals="flush_both"),
+                                  "random_bits": words}),
+             (h, "float8e5m2", {"datapath": qemu_q.Datapath(rounding="to_odd"), }),
+             (b, "float4e2m1", {"datapath": qemu_q.Datapath(rounding="stochastic"), "random_bits": words}),
+             (x, "float6e3m2", {"datapath": qemu_q.Datapath(rounding="half_up", subnormals="flush_inputs")})]
+    reference = [bits(general(src, to, **kw)) for src, to, kw in cases]
+    level = _kernels.active.level
+    try:
+        for lv, threads in itertools.product(LEVELS, (1, 2, 3)):
+            _kernels.use(lv)
+            for (src, to, kw), want in zip(cases, reference):
+                check(qemu_q.cast(src, to, n_threads=threads, **kw), want, f"{lv} {threads} {src.dtype} -> {to}")
+            # heads and tails: unaligned starts and every short length of a vector or two
+            for (src, to, kw), want in zip(cases, reference):
+                for start, length in ((1, 1), (3, 7), (1, 17), (5, 33), (7, 64 + 5)):
+                    part = {k: (v[start:start + length] if k == "random_bits" else v) for k, v in kw.items()}
+                    got = qemu_q.cast(src[start:start + length], to, n_threads=threads, **part)
+                    check(got, want[start:start + length], f"{lv} {to} [{start}:+{length}]")
+    finally:
+        _kernels.use(level)
