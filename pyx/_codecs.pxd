@@ -1108,45 +1108,22 @@ cdef extern from *:
 
 cdef inline float quotient_rounded_to_odd(float x, float q, float r) noexcept nogil:
     # q = RN32(x / s) and r = x - q * s (exact): the exact quotient x / s rounded to odd at
-    # 24 bits. r = 0: x / s is q. Otherwise x / s lies strictly between q and its
-    # neighbour on the side of r / s, and of two consecutive 24-bit numbers one is odd: q
-    # when its last bit is set, else that neighbour, one step of the magnitude's bits
-    # away: up when |x / s| > |q|, i.e. when r has x's sign (q has the sign of x / s).
-    # Selects, not ands of compares: GCC narrowed those to booleans and left the loops scalar.
-    cdef int32_t b = <int32_t>float_bits(q)
-    cdef int32_t step = ((<int32_t>float_bits(r) ^ <int32_t>float_bits(x)) >> 31) | 1
-    cdef int32_t move = select_i32(r != <float>0.0, (b & 1) - 1, 0)
-    return bits_float(<uint32_t>(b + (step & move)))
+    # 24 bits, i.e. its truncation to 24 bits with the last bit set when inexact. r = 0:
+    # x / s is q. Otherwise x / s is not a 24-bit number (else it would be q), and its
+    # truncation is q when |q| < |x / s|, i.e. when r has x's sign (q has the sign of
+    # x / s), else q one step down in magnitude: its bits less one.
+    # Masks and selects, not ands of compares: GCC narrowed those to booleans and left
+    # the loops scalar.
+    cdef int32_t inexact = -(<int32_t>(r != <float>0.0))
+    cdef int32_t truncated = <int32_t>float_bits(q) + (
+        ((<int32_t>float_bits(r) ^ <int32_t>float_bits(x)) >> 31) & inexact)
+    return bits_float(<uint32_t>(truncated | <int32_t>(<uint32_t>inexact >> 31)))
 
 
-cdef inline int32_t float32_remainder_unsafe(float x, float q) noexcept nogil:
-    # 1 where quotient_rounded_to_odd may not give double_to_float_odd_staged's value of
-    # the double quotient (a scale that is a float32 normal assumed): x nonzero and |x|
-    # below 2**-101 (the remainder's last place may fall below 2**-149), or x not finite,
-    # or |q| outside [2**-99, 2**99) (q no longer the float32 rounding of a normal quotient,
-    # or the odd value at the staged clamp to [2**-100, 2**100]). A zero x has the exact
-    # quotient +-0 and r = 0.
-    cdef int32_t ax = <int32_t>(float_bits(x) & 0x7FFFFFFF)
-    cdef int32_t aq = <int32_t>(float_bits(q) & 0x7FFFFFFF)
-    cdef int32_t bad_x = <uint32_t>(ax - (26 << 23)) >= <uint32_t>(0x7F800000 - (26 << 23))
-    cdef int32_t bad_q = <uint32_t>(aq - (28 << 23)) >= <uint32_t>((226 - 28) << 23)
-    return select_i32(ax != 0, bad_x | bad_q, 0)
-
-
-cdef inline int32_t reciprocal_quotient_unsure(float x, float q, float r) noexcept nogil:
-    # 1 where the reciprocal's double product x * RN64(1 / s) may round to odd otherwise
-    # than the exact quotient (an inexact reciprocal assumed): x / s is exactly q (r = 0,
-    # x nonzero) and q is even, so the product's side of q decides the odd value.
-    cdef int32_t even = ~(<int32_t>float_bits(q)) & 1
-    return select_i32(r == <float>0.0, select_i32(x != <float>0.0, even, 0), 0)
-
-
-cdef inline int32_t scale_not_float32_normal(float s) noexcept nogil:
-    # 1 unless s is a finite float32 normal (the remainder loops' scales)
-    cdef int32_t a = <int32_t>(float_bits(s) & 0x7FFFFFFF)
-    return <uint32_t>(a - 0x00800000) >= <uint32_t>(0x7F800000 - 0x00800000)
-
-
-cdef inline int32_t reciprocal_inexact(float s) noexcept nogil:
-    # 1 unless 1 / s is exact in double: for a float32 normal s, unless s is a power of two
-    return (<int32_t>float_bits(s) & 0x7FFFFF) != 0
+cdef inline uint32_t exact_even_quotient(float x, float q, float r) noexcept nogil:
+    # 1 where x / s is exactly q (r = 0), q is even and x is not zero: where the double
+    # product of an inexact reciprocal, x * RN64(1 / s), may lie on either side of x / s
+    # and so round to odd otherwise. min(., |x|'s bits) is the "x not zero".
+    cdef uint32_t candidate = ~(<uint32_t>(-(<int32_t>(r != <float>0.0))) | float_bits(q)) & 1
+    cdef uint32_t ax = float_bits(x) & 0x7FFFFFFF
+    return candidate if candidate < ax else ax

@@ -32,8 +32,7 @@ from _codecs cimport (
     datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
     datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
     select_i64, flush_subnormal_f64, double_to_float_odd_staged,
-    division_remainder_f32, quotient_rounded_to_odd, float32_remainder_unsafe, reciprocal_quotient_unsure,
-    scale_not_float32_normal, reciprocal_inexact,
+    division_remainder_f32, quotient_rounded_to_odd, exact_even_quotient,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -825,6 +824,16 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
         if p.datapath_feed == FEED_BUFFERED:
             quantize_datapath_f32(x, y, start, end, p)
             return
+    if p.quotient64 == QUOTIENT64_REMAINDER:
+        # The float32-remainder staging: whole runs, which run_datapath_wide cuts into its
+        # pieces, with no prefetch burst: x is read in order, which the hardware
+        # prefetchers handle, and the burst stalled the loop on its fill buffers (the
+        # float32 datapath loops' buffered feeding measured the same: docs/performance.md).
+        cursor_at(&p.layout, start, end, &c)
+        while next_segment(&p.layout, &c, &seg):
+            run_segment(x + seg.start, y + (seg.start - start), seg.length, seg.param_index,
+                        seg.params_vary, seg.start, p)
+        return
     # The start of a task is not prefetched by the block before it.
     prefetch(x + start, PREFETCH_AHEAD * sizeof(x_storage_t))
     if x_storage_t is float:

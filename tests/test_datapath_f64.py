@@ -673,8 +673,11 @@ def test_remainder_loops_per_element_scales():
         for scale, kw in ((scales, {"axis": 1}), (block_scales, {"axis": 1, "block_size": 20})):
             def run():
                 return qemu_q.quantize_linear(x, scale, datapath=dp, **kw)
-            got, (staged, _) = counted(run)
-            assert staged > 0
+            got, (staged, fell_back) = counted(run)
+            if scale is scales:
+                assert fell_back > 0  # every row holds the subnormal and the 2**100 scale
+            else:
+                assert staged > 0
             assert_same_bits(got, reference(run), f"{sc} {rounding} {sub} {kw}")
 
 
