@@ -656,6 +656,16 @@ def test_remainder_loops_fall_back_piece_by_piece():
         got, counts = counted(lambda: qemu_q.quantize_linear(base, s, datapath=qemu_q.Datapath(
             scale_precision="float64", rounding="up"), n_threads=1))
         assert counts == (9, 0)
+    # a scale of 2**48 or more: every piece (a nonzero x could have a zero q)
+    for big in (np.float32(2.0 ** 48), np.float32(-3e38)):
+        for sc in ("divide", "reciprocal"):
+            dp = qemu_q.Datapath(rounding="up", scale=sc, scale_precision="float64")
+
+            def run():
+                return qemu_q.quantize_linear(base * np.float32(2.0 ** 60), big, datapath=dp, n_threads=1)
+            got, counts = counted(run)
+            assert counts == (0, 9), (big, sc)
+            assert_same_bits(got, reference(run), f"{big} {sc}")
 
 
 def test_remainder_loops_per_element_scales():
