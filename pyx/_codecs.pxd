@@ -1205,3 +1205,47 @@ cdef inline uint16_t bfloat16_bits_of_value(float v) noexcept nogil:
     cdef uint32_t b = float_bits(v)
     return <uint16_t>select_i32((b & 0x7FFFFFFF) > 0x7F800000, <int32_t>((b >> 16) | 0x0040),
                                 <int32_t>(b >> 16))
+
+
+# The float64 quotient of float32 operands without a double (_quantize.pyx,
+# run_datapath_wide; docs/semantics.md, "Staged quotients"): q = x / s in float32, the
+# remainder r = x - q * s, and from them the exact quotient rounded to odd at 24 bits,
+# which is what double_to_float_odd_staged makes of the double quotient. The callers keep
+# to the lanes where r is exact (float32_remainder_unsafe): there fmaf's one rounding and
+# the double form's (the product exact in 48 bits, the difference a float32) both return
+# it. fmaf where the level has FMA (GCC inlines and vectorizes it; -ffp-contract=off
+# forbids nothing written out), the double form elsewhere (fmaf would be a libm call).
+cdef extern from *:
+    """
+    QEMU_Q_ALWAYS_INLINE float qemu_q_division_remainder_f32(float x, float q, float s) {
+    #if defined(__FMA__)
+        return fmaf(-q, s, x);
+    #else
+        return (float)((double)x - (double)q * (double)s);
+    #endif
+    }
+    """
+    float division_remainder_f32 "qemu_q_division_remainder_f32" (float x, float q, float s) noexcept nogil
+
+
+cdef inline float quotient_rounded_to_odd(float x, float q, float r) noexcept nogil:
+    # q = RN32(x / s) and r = x - q * s (exact): the exact quotient x / s rounded to odd at
+    # 24 bits, i.e. its truncation to 24 bits with the last bit set when inexact. r = 0:
+    # x / s is q. Otherwise x / s is not a 24-bit number (else it would be q), and its
+    # truncation is q when |q| < |x / s|, i.e. when r has x's sign (q has the sign of
+    # x / s), else q one step down in magnitude: its bits less one.
+    # Masks and selects, not ands of compares: GCC narrowed those to booleans and left
+    # the loops scalar.
+    cdef int32_t inexact = -(<int32_t>(r != <float>0.0))
+    cdef int32_t truncated = <int32_t>float_bits(q) + (
+        ((<int32_t>float_bits(r) ^ <int32_t>float_bits(x)) >> 31) & inexact)
+    return bits_float(<uint32_t>(truncated | <int32_t>(<uint32_t>inexact >> 31)))
+
+
+cdef inline uint32_t exact_even_quotient(float x, float q, float r) noexcept nogil:
+    # 1 where x / s is exactly q (r = 0), q is even and x is not zero: where the double
+    # product of an inexact reciprocal, x * RN64(1 / s), may lie on either side of x / s
+    # and so round to odd otherwise. min(., |x|'s bits) is the "x not zero".
+    cdef uint32_t candidate = ~(<uint32_t>(-(<int32_t>(r != <float>0.0))) | float_bits(q)) & 1
+    cdef uint32_t ax = float_bits(x) & 0x7FFFFFFF
+    return candidate if candidate < ax else ax

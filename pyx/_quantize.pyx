@@ -33,6 +33,7 @@ from _codecs cimport (
     datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
     datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
     select_i64, flush_subnormal_f64, double_to_float_odd_staged,
+    division_remainder_f32, quotient_rounded_to_odd, exact_even_quotient,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -200,6 +201,7 @@ cdef struct QuantizePlan:
     # The other datapaths the float32 loops serve through a staging loop (run_datapath_wide,
     # _datapath_loops_f64.pxi): WIDE_X, WIDE_HALF, WIDE_F64; 0 (WIDE_NONE): datapath_one.
     int datapath_wide
+    int quotient64            # WIDE_F64: QUOTIENT64_DOUBLE or QUOTIENT64_REMAINDER (_datapath_loops_f64.pxi)
     int datapath_feed         # DatapathFeed
 
 
@@ -348,6 +350,29 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
 # run_datapath_f32 and its loops, one per rounding mode, scale mode and parameter layout,
 # generated from _datapath_loops.pxi.tp by setup.py.
 include "_datapath_loops.pxi"
+# Test and benchmark hooks of the float64 quotients (set_quotient64_remainder,
+# count_quotient64_pieces): False stages every piece with the double loop, as before the
+# float32-remainder loops, so that the two compare in one build; the counts say how many
+# pieces the remainder loops staged and how many they handed to the double loop. Counting
+# is off unless a test turns it on (a relaxed atomic add per piece of 512 elements).
+cdef bint quotient64_remainder_enabled = True
+cdef extern from *:
+    """
+    static Py_ssize_t qemu_q_quotient64_pieces[2];
+    static int qemu_q_quotient64_counting;
+    static inline void qemu_q_count_quotient64(int fell_back) {
+        if (qemu_q_quotient64_counting) {
+    #if defined(__GNUC__) || defined(__clang__)
+            __atomic_fetch_add(&qemu_q_quotient64_pieces[fell_back != 0], 1, __ATOMIC_RELAXED);
+    #else
+            qemu_q_quotient64_pieces[fell_back != 0] += 1;
+    #endif
+        }
+    }
+    """
+    Py_ssize_t quotient64_pieces "qemu_q_quotient64_pieces"[2]
+    int quotient64_counting "qemu_q_quotient64_counting"
+    void count_quotient64 "qemu_q_count_quotient64" (int fell_back) noexcept nogil
 # run_datapath_wide: float16/bfloat16 x, their own division precision and float64
 # quotients, staged piece by piece into a float32 buffer for the loops above
 # (_datapath_loops_f64.pxi.tp).
@@ -805,6 +830,16 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
         if p.datapath_feed == FEED_BUFFERED:
             quantize_datapath_f32(x, y, start, end, p)
             return
+    if p.quotient64 == QUOTIENT64_REMAINDER:
+        # The float32-remainder staging: whole runs, which run_datapath_wide cuts into its
+        # pieces, with no prefetch burst: x is read in order, which the hardware
+        # prefetchers handle, and the burst stalled the loop on its fill buffers (the
+        # float32 datapath loops' buffered feeding measured the same: docs/performance.md).
+        cursor_at(&p.layout, start, end, &c)
+        while next_segment(&p.layout, &c, &seg):
+            run_segment(x + seg.start, y + (seg.start - start), seg.length, seg.param_index,
+                        seg.params_vary, seg.start, p)
+        return
     # The start of a task is not prefetched by the block before it.
     prefetch(x + start, PREFETCH_AHEAD * sizeof(x_storage_t))
     if x_storage_t is float:
@@ -901,6 +936,17 @@ cdef int check_datapath_wide(int wide, const QuantizePlan* p, int small_float_id
     return 0
 
 
+cdef int check_quotient64(int quotient64, int wide, const QuantizePlan* p) except -1:
+    # The float32-remainder staging reads float32 storage (float16/bfloat16 widened) and
+    # float32-valued scales.
+    if quotient64 not in (QUOTIENT64_DOUBLE, QUOTIENT64_REMAINDER):
+        raise ValueError(f"quotient64 {quotient64} is not a float64 quotient staging")
+    if quotient64 == QUOTIENT64_REMAINDER and not (wide == WIDE_F64 and p.f32_operands):
+        raise ValueError("quotient64 QUOTIENT64_REMAINDER needs datapath_wide WIDE_F64 with "
+                         "float32-valued x and scale (not int32 x)")
+    return 0
+
+
 cdef class QuantizeConfig:
     """How a QuantizeLinear plan computes: built once per plan (qemu_q/ops/quantize_linear.py),
     checked here, then passed to every call of the plan with its arrays. Keyword
@@ -926,7 +972,8 @@ cdef class QuantizeConfig:
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
                  double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False,
                  bint datapath_f32=False, bint onnxruntime_float8=False,
-                 int datapath_wide=WIDE_NONE, bint quotient_through_float32=False):
+                 int datapath_wide=WIDE_NONE, bint quotient_through_float32=False,
+                 int quotient64=QUOTIENT64_DOUBLE):
         cdef int clamp
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
@@ -1031,6 +1078,8 @@ cdef class QuantizeConfig:
         self.plan.saturate = saturate
         check_datapath_wide(datapath_wide, &self.plan, small_float_id)
         self.plan.datapath_wide = datapath_wide
+        check_quotient64(quotient64, datapath_wide, &self.plan)
+        self.plan.quotient64 = quotient64
         self.plan.datapath_feed = FEED_BUFFERED if datapath_f32 else FEED_PIECES
         set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
@@ -1046,6 +1095,17 @@ cdef class QuantizeConfig:
         if self.plan.layout.granularity == BLOCKED and whole_blocks(&self.plan.layout):
             return "whole blocks"
         return "buffered"
+
+    @property
+    def quotient64(self):
+        """How a float64 quotient is staged for the float32 loops: "float32 remainder"
+        (stage_remainder, the double loop for the pieces it cannot take), "double"
+        (stage_quotients), or None (no float64 quotient on the staged loops)."""
+        if self.plan.datapath_wide != WIDE_F64:
+            return None
+        if self.plan.quotient64 == QUOTIENT64_REMAINDER and quotient64_remainder_enabled:
+            return "float32 remainder"
+        return "double"
 
     @property
     def stochastic(self):
@@ -1120,6 +1180,8 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
     p.random_bits = random_words(random_bits, config.stochastic, size, "")
     if not datapath_feed_enabled:
         p.datapath_feed = FEED_PIECES
+    if not quotient64_remainder_enabled:
+        p.quotient64 = QUOTIENT64_DOUBLE
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).
@@ -1160,6 +1222,29 @@ def set_datapath_feed(bint enabled):
     previous = datapath_feed_enabled
     datapath_feed_enabled = enabled
     return previous
+
+
+def set_quotient64_remainder(bint enabled):
+    """Test and benchmark hook: False stages every float64 quotient with the double loop
+    (stage_quotients), True (the default) lets QUOTIENT64_REMAINDER plans use the float32
+    remainder loops; the same bits either way. Returns the previous setting."""
+    global quotient64_remainder_enabled
+    previous = quotient64_remainder_enabled
+    quotient64_remainder_enabled = enabled
+    return previous
+
+
+def count_quotient64_pieces(enabled=None):
+    """Test hook: the pieces (of at most 512 elements) the float32-remainder loops staged
+    and those they handed to the double loop since the last call, as (staged, fell_back);
+    enabled=True/False turns the counting on or off (off by default)."""
+    global quotient64_counting
+    counts = (quotient64_pieces[0], quotient64_pieces[1])
+    quotient64_pieces[0] = 0
+    quotient64_pieces[1] = 0
+    if enabled is not None:
+        quotient64_counting = 1 if enabled else 0
+    return counts
 
 
 def quantize(const x_storage_t[::1] x, scale, zero_point, code_storage_t[::1] out,

@@ -436,3 +436,278 @@ def test_the_levels_run_their_own_staged_loops():
             assert got.tolist() == [3, -3], lv
     finally:
         _kernels.use(level)
+
+
+# ------------------------------- float64 quotients of float32 operands: the remainder loops
+#
+# float32-valued x and scale with scale_precision="float64" stage the double quotient's
+# value from the float32 quotient and its remainder (docs/semantics.md, "Staged quotients":
+# the plan's quotient64, stage_remainder_* in pyx/_datapath_loops_f64.pxi.tp), and hand a
+# piece of 512 to the double loop when one of its elements is outside the lanes where
+# that is proven. These tests check the claim itself with exact arithmetic, the loops
+# against datapath_one, the double loop and the oracle, and that each loop really ran.
+
+QUOTIENT64_DOUBLE, QUOTIENT64_REMAINDER = 0, 1
+# Non-powers of two (the reciprocal inexact), one power of two (the reciprocal exact).
+# 123 / 2048, 117 / 128 and 105 / 64 have few significant bits, so that many x = B * s
+# are float32 values, and a reciprocal whose product error s * RN64(1 / s) - 1 is above
+# 0.8 * 2**-53: there RN64(x * RN64(1 / s)) differs from the exact quotient B wherever B's
+# significand exceeds about 1.25 (the lanes the remainder loops hand to the double loop).
+REMAINDER_SCALES = [123 / 2048, 0.37, 117 / 128, 1 / 3, 3.0, 105 / 64, 1.1, 2.0 ** -20 * 0.3,
+                    2.0 ** 40 / 3, 0.25]
+
+
+def quantize_module():
+    return _dispatch.entry_module(_dispatch.Path.QUANTIZE)
+
+
+def double_loop(fn):
+    module = quantize_module()
+    previous = module.set_quotient64_remainder(False)
+    try:
+        return fn()
+    finally:
+        module.set_quotient64_remainder(previous)
+
+
+def counted(fn):
+    """fn's result and the (staged, fell_back) pieces of the remainder loops it ran."""
+    module = quantize_module()
+    module.count_quotient64_pieces(True)
+    try:
+        result = fn()
+    finally:
+        counts = module.count_quotient64_pieces(False)
+    return result, counts
+
+
+def odd24(v: Fraction) -> Fraction:
+    """v rounded to odd at 24 significant bits (any exponent): itself when it has 24
+    bits, else the odd one of its two 24-bit neighbours."""
+    if v == 0:
+        return v
+    a = abs(v)
+    whole, rem, den = oracle.split(a, oracle.floor_log2(a) - 23)
+    if rem:
+        whole |= 1
+    e = oracle.floor_log2(a) - 23
+    r = Fraction(whole) * (Fraction(2) ** e)
+    return r if v > 0 else -r
+
+
+def exact_quotient_inputs(scale: np.float32) -> np.ndarray:
+    """x = B * s exactly (where float32 holds the product) for the boundaries B of the
+    roundings: integers, half-integers, e4m3/e5m2 mantissa steps and their midpoints,
+    saturation points; and their float32 neighbours."""
+    s = float(scale)
+    boundaries = np.concatenate([np.arange(-300, 301) / 2.0, np.arange(-64, 65) / 16.0,
+                                 np.arange(-64, 65) / 32.0 + 1 / 64, np.arange(-40, 41) * 2.0 ** -9,
+                                 [448.0, 464.0, 480.0, 57344.0, 61440.0, 127.5, 255.5, 32767.5, -32768.5]])
+    x = boundaries * s
+    x = x[(x.astype(np.float32).astype(np.float64) == x)].astype(np.float32)
+    nonzero = x[x != 0]  # a zero's neighbours are float32 subnormals (lanes the loops hand on)
+    up, down = np.nextafter(nonzero, np.float32(np.inf)), np.nextafter(nonzero, np.float32(-np.inf))
+    return np.concatenate([x, up, down])
+
+
+def test_the_plan_stages_float32_operands_by_their_remainder():
+    dp = qemu_q.Datapath(rounding="up", scale_precision="float64")
+    for x, s in ((np.ones(8, np.float32), np.float32(0.37)), (np.ones(8, np.float16), np.float16(0.37)),
+                 (np.ones(8, BF16), BF16(0.37)), (np.ones(8, np.float16), np.float32(0.37))):
+        for sc in ("divide", "reciprocal"):
+            fields = plan_fields(x, s, "int8", qemu_q.Datapath(rounding="up", scale=sc, scale_precision="float64"))
+            assert fields["datapath_wide"] == WIDE_F64 and fields["quotient64"] == QUOTIENT64_REMAINDER
+            config = quantize_module().QuantizeConfig(**fields)
+            assert config.quotient64 == "float32 remainder"
+            assert double_loop(lambda: config.quotient64) == "double"
+    # int32 x (31 bits): the double loop; no float64 quotient: neither
+    fields = plan_fields(np.ones(8, np.int32), np.float32(0.37), "int8", dp)
+    assert fields["quotient64"] == QUOTIENT64_DOUBLE
+    assert quantize_module().QuantizeConfig(**fields).quotient64 == "double"
+    f32_fields = plan_fields(np.ones(8, np.float32), np.float32(0.37), "int8", qemu_q.Datapath(rounding="up"))
+    assert f32_fields["quotient64"] == QUOTIENT64_DOUBLE
+    assert quantize_module().QuantizeConfig(**f32_fields).quotient64 is None
+    for bad in ({**fields, "quotient64": QUOTIENT64_REMAINDER}, {**f32_fields, "quotient64": QUOTIENT64_REMAINDER},
+                {**fields, "quotient64": 2}):
+        with pytest.raises(ValueError, match="quotient64"):
+            quantize_module().QuantizeConfig(**bad)
+
+
+def test_the_double_quotient_rounds_to_odd_as_the_exact_quotient():
+    # The claim the remainder loops rest on, in exact arithmetic and nothing of qemu_q:
+    # for float32 x and s, RO24(RN64(x / s)) = RO24(x / s), and for the reciprocal
+    # RO24(RN64(x * RN64(1 / s))) = RO24(x / s) except where x / s is an even 24-bit
+    # number; and those exceptions do occur (so the loops' fallback is needed).
+    rng = np.random.default_rng(11)
+    differ = 0
+    for sv in REMAINDER_SCALES[:6]:
+        s = np.float32(sv)
+        xs = np.concatenate([exact_quotient_inputs(s)[::2],
+                             f32(rng.standard_normal(300) * 100 * sv),
+                             rng.integers(0x0D000000, 0x7F000000, 300, dtype=np.int64).astype(np.uint32).view(np.float32)])
+        fs = Fraction(float(s))
+        m = 1.0 / float(s)
+        for xv in xs.tolist():
+            if xv == 0 or not np.isfinite(xv) or not (2.0 ** -99 <= abs(xv / float(s)) < 2.0 ** 99):
+                continue
+            exact = Fraction(xv) / fs
+            assert odd24(Fraction(xv / float(s))) == odd24(exact), (xv, sv)
+            recip = odd24(Fraction(xv * m))
+            if recip != odd24(exact):
+                whole, rem, _ = oracle.split(abs(exact), oracle.floor_log2(abs(exact)) - 23)
+                assert rem == 0 and whole % 2 == 0, (xv, sv)
+                differ += 1
+    assert differ > 50
+
+
+@pytest.mark.parametrize("scale_mode", ["divide", "reciprocal"])
+def test_remainder_loops_same_bits_as_datapath_one_and_the_double_loop(scale_mode):
+    # exact quotients on every rounding boundary and their neighbours, random values,
+    # every mode, flushes, integer and ONNX small-float outputs and a narrow family integer
+    rng = np.random.default_rng(12)
+    int5 = qemu_q.integer_type(5, narrow_range=True)
+    outs = ["int8", "uint8", "int16", "int4", int5, "float8e4m3fn", "float8e5m2", "float4e2m1"]
+    for i, sv in enumerate(REMAINDER_SCALES):
+        s = np.float32(sv)
+        x = np.concatenate([exact_quotient_inputs(s), f32(rng.standard_normal(500) * 50 * sv)])
+        for j, rounding in enumerate(ROUNDINGS):
+            out = outs[(i + j) % len(outs)]
+            sub = ("keep", "flush_both", "flush_outputs")[(i + j) % 3]
+            dp = qemu_q.Datapath(rounding=rounding, scale=scale_mode, scale_precision="float64", subnormals=sub)
+
+            def run():
+                return qemu_q.quantize_linear(x, s, output_dtype=out, datapath=dp)
+            got, (staged, fell_back) = counted(run)
+            what = f"{sv} {rounding} {out} {sub}"
+            assert staged > 0, what
+            if scale_mode == "divide" or sv == 0.25:
+                assert fell_back == 0, what  # every lane here is one the loops take
+            assert_same_bits(got, reference(run), what)
+            assert_same_bits(got, double_loop(run), what)
+
+
+@pytest.mark.parametrize("scale_mode", ["divide", "reciprocal"])
+@pytest.mark.parametrize("out", ["int8", "uint8", "int16", "int4", "float8e4m3fn", "float8e5m2"])
+def test_remainder_loops_exact_quotients_against_the_oracle(out, scale_mode):
+    zero_point = {"int8": np.int8(-3), "uint8": np.uint8(100), "int16": np.int16(1000)}.get(out)
+    zp = None if zero_point is None else int(zero_point)
+    for sv, rounding in ((0.37, "half_even"), (0.1, "half_away"), (1 / 3, "to_odd"), (7.0, "down"),
+                         (1.1, "half_up")):
+        s = np.float32(sv)
+        x = exact_quotient_inputs(s)[::2]
+        dp = {"rounding": rounding, "scale": scale_mode, "scale_precision": "float64"}
+        got = qemu_q.quantize_linear(x, s, zero_point, output_dtype=out, datapath=qemu_q.Datapath(**dp))
+        want = oracle.quantize_array(x, float(s), zp, OUTPUTS[out], dp, x_type="float", scale_type="float")
+        check(got, want, f"{out} {dp} {sv}")
+
+
+def test_narrow_integer_and_many_mantissa_bits_against_exact_rounding():
+    # a narrow family integer (the remainder loops) and a family minifloat of 10 mantissa
+    # bits (e5m10 with inf: float16's values; datapath_one), against exact arithmetic
+    int5 = qemu_q.integer_type(5, narrow_range=True)
+    e5m10 = qemu_q.minifloat_type(5, 10, inf=True)
+    for sv in (0.37, 1 / 3):
+        s = np.float32(sv)
+        x = exact_quotient_inputs(s)
+        x = x[np.abs(x / s) < 60000]
+        for scale_mode in ("divide", "reciprocal"):
+            m = 1.0 / float(s)
+            for rounding in ("half_even", "toward_zero", "up"):
+                dp = {"rounding": rounding, "scale": scale_mode, "scale_precision": "float64"}
+                got = qemu_q.quantize_linear(x, s, output_dtype=int5, datapath=qemu_q.Datapath(**dp))
+                want = []
+                for xv in x.tolist():
+                    q = Fraction(xv / float(s) if scale_mode == "divide" else xv * m)
+                    n = oracle.round_magnitude(*oracle.split(abs(q), 0), q < 0, rounding, 0)
+                    want.append(min(max(-n if q < 0 else n, -15), 15))
+                assert got.astype(np.int64).tolist() == want, (sv, dp)
+            # half_even into e5m10 (float16's values): numpy's correctly rounded float64 -> float16
+            dp = qemu_q.Datapath(scale=scale_mode, scale_precision="float64", rounding="half_even",
+                                 subnormals="flush_inputs")
+            got = qemu_q.quantize_linear(x, s, output_dtype=e5m10, datapath=dp)
+            q = x.astype(np.float64) / float(s) if scale_mode == "divide" else x.astype(np.float64) * m
+            assert bits(got).tolist() == bits(q.astype(np.float16)).tolist(), (sv, scale_mode)
+
+
+def test_remainder_loops_fall_back_piece_by_piece():
+    # lanes the loops do not take, in the middle of vectors, at piece edges and in tails:
+    # huge and tiny quotients, |x| below 2**-101, NaN, inf, float32 subnormals; zeros are
+    # taken. Only the pieces holding one fall back (n_threads=1: the pieces are the
+    # cursor's 2048-element blocks cut into 512s).
+    rng = np.random.default_rng(13)
+    s = np.float32(0.37)
+    base = f32(rng.standard_normal(4100) * 40)
+    base[::97] = 0.0
+    base[5::89] = -0.0
+    for special in (3e38, -2.0 ** 120, 2.0 ** -110, -1e-40, np.nan, np.inf, 2.0 ** -101 * 0.75):
+        x = base.copy()
+        where = [700, 1023 + 512, 4099]
+        x[where] = special
+        for sc in ("divide", "reciprocal"):
+            for rounding, out in (("half_away", "int8"), ("to_odd", "float8e4m3fn"), ("down", "float8e5m2")):
+                dp = qemu_q.Datapath(rounding=rounding, scale=sc, scale_precision="float64", subnormals="flush_outputs")
+
+                def run():
+                    return qemu_q.quantize_linear(x, s, output_dtype=out, datapath=dp, n_threads=1)
+                got, (staged, fell_back) = counted(run)
+                assert fell_back == 3 and staged == 9 - 3, (special, sc, staged, fell_back)
+                assert_same_bits(got, reference(run), f"{special} {sc} {rounding} {out}")
+        # zeros alone never fall back
+        got, counts = counted(lambda: qemu_q.quantize_linear(base, s, datapath=qemu_q.Datapath(
+            scale_precision="float64", rounding="up"), n_threads=1))
+        assert counts == (9, 0)
+    # a scale of 2**48 or more: every piece (a nonzero x could have a zero q)
+    for big in (np.float32(2.0 ** 48), np.float32(-3e38)):
+        for sc in ("divide", "reciprocal"):
+            dp = qemu_q.Datapath(rounding="up", scale=sc, scale_precision="float64")
+
+            def run():
+                return qemu_q.quantize_linear(base * np.float32(2.0 ** 60), big, datapath=dp, n_threads=1)
+            got, counts = counted(run)
+            assert counts == (0, 9), (big, sc)
+            assert_same_bits(got, reference(run), f"{big} {sc}")
+
+
+def test_remainder_loops_per_element_scales():
+    # per-axis and blocked scales, among them a power of two (the reciprocal exact), a
+    # subnormal scale (flushed or kept: a piece with it falls back) and huge/tiny ones
+    rng = np.random.default_rng(14)
+    scales = f32(rng.uniform(0.05, 3, 300))
+    scales[[3, 100, 299]] = [0.25, 1e-39, 2.0 ** 100]
+    x = f32(rng.standard_normal((7, 300)) * 30)
+    x[:, ::7] = (np.round(x[:, ::7] / scales[::7] * 2) / 2 * scales[::7]).astype(np.float32)  # near exact quotients
+    block_scales = f32(rng.uniform(0.05, 3, (7, 300 // 20)))
+    for sc, rounding, sub in itertools.product(("divide", "reciprocal"), ("half_even", "up", "to_odd"),
+                                               ("keep", "flush_inputs")):
+        dp = qemu_q.Datapath(rounding=rounding, scale=sc, scale_precision="float64", subnormals=sub)
+        for scale, kw in ((scales, {"axis": 1}), (block_scales, {"axis": 1, "block_size": 20})):
+            def run():
+                return qemu_q.quantize_linear(x, scale, datapath=dp, **kw)
+            got, (staged, fell_back) = counted(run)
+            if scale is scales:
+                assert fell_back > 0  # every row holds the subnormal and the 2**100 scale
+            else:
+                assert staged > 0
+            assert_same_bits(got, reference(run), f"{sc} {rounding} {sub} {kw}")
+
+
+def test_the_levels_run_their_own_remainder_loops():
+    # every level the machine runs (the baseline's remainder in double, FMA's in fmaf),
+    # 1-3 threads, against the double loop
+    level = _kernels.active.level
+    rng = np.random.default_rng(15)
+    s = np.float32(0.37)
+    x = np.concatenate([exact_quotient_inputs(s), f32(rng.standard_normal(30000) * 60)])
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            for sc, rounding in (("divide", "half_even"), ("reciprocal", "half_down"), ("reciprocal", "to_odd")):
+                dp = qemu_q.Datapath(rounding=rounding, scale=sc, scale_precision="float64")
+                want = double_loop(lambda: qemu_q.quantize_linear(x, s, output_dtype="float8e4m3fn", datapath=dp))
+                for n in (1, 2, 3):
+                    got, (staged, _) = counted(lambda: qemu_q.quantize_linear(
+                        x, s, output_dtype="float8e4m3fn", datapath=dp, n_threads=n))
+                    assert staged > 0, lv
+                    assert_same_bits(got, want, f"{lv} {sc} {rounding} n_threads={n}")
+    finally:
+        _kernels.use(level)

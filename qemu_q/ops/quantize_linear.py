@@ -47,6 +47,9 @@ _FLOAT32_DIVISION_SCALES = ("float", "float16", "bfloat16", "float8e8m0")
 # QuantizeConfig's datapath_wide (pyx/_datapath_loops_f64.pxi.tp): which staging loop
 # feeds the datapath's float32 loops.
 _WIDE_NONE, _WIDE_X, _WIDE_HALF, _WIDE_F64 = 0, 1, 2, 3
+# QuantizeConfig's quotient64 (WIDE_F64): the double loop, or float32 x and scale's
+# float32 quotient and remainder (docs/semantics.md, "Staged quotients").
+_QUOTIENT64_DOUBLE, _QUOTIENT64_REMAINDER = 0, 1
 
 
 def _promoted(x_type, scale_type, precision_type, precision: int) -> str | None:
@@ -231,6 +234,9 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         f32_operands=f32_operands and use_datapath, datapath_f32=datapath_f32,
         onnxruntime_float8=onnxruntime_float8,
         datapath_wide=datapath_wide, quotient_through_float32=through_float32,
+        # float32-valued x (float16/bfloat16 widened) and scale: the float64 quotient's
+        # staged value from the float32 quotient and its remainder; int32 x: the double loop
+        quotient64=_QUOTIENT64_REMAINDER if datapath_wide == _WIDE_F64 and f32_operands else _QUOTIENT64_DOUBLE,
     )
     return QuantizePlan(where, x_type, out_type, tuple(fields.items()))
 
