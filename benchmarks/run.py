@@ -776,6 +776,21 @@ DATAPATH_OPTIONS = [
 DATAPATH_TARGET = 1.5
 
 
+def time_option_against_default(default, option, repeat: int, cells: tuple, widths: tuple,
+                                 missed: list) -> None:
+    """One option timed alternately with the default; prints `cells` (left-aligned to
+    `widths`), both times and the ratio, marking and recording (`missed`) a ratio over
+    DATAPATH_TARGET."""
+    times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
+    ratio = times["option"] / times["default"]
+    mark = "" if ratio <= DATAPATH_TARGET else "  MISSED"
+    if ratio > DATAPATH_TARGET:
+        missed.append(cells)
+    print(" ".join(f"{cell:<{width}}" for cell, width in zip(cells, widths))
+          + f" {times['default'] * 1e3:>7.2f}ms {times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}",
+          flush=True)
+
+
 def run_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("int8", "float8e4m3fn"),
                  layouts=("per-tensor",), only=None) -> int:
     """quantize_linear with each qemu_q.Datapath option against the default datapath, on
@@ -812,13 +827,7 @@ def run_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("int8
             def option(dp=dp, bits_in=bits_in):
                 return qemu_q.quantize_linear(x, scale, output_dtype=out, out=y, n_threads=threads,
                                               datapath=dp, random_bits=bits_in, **kw)
-            times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
-            ratio = times["option"] / times["default"]
-            mark = "" if ratio <= DATAPATH_TARGET else "  MISSED"
-            if ratio > DATAPATH_TARGET:
-                missed.append((out, layout, name))
-            print(f"{out:<13} {layout:<11} {name:<34} {times['default'] * 1e3:>7.2f}ms "
-                  f"{times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}", flush=True)
+            time_option_against_default(default, option, repeat, (out, layout, name), (13, 11, 34), missed)
     if missed:
         print(f"over {DATAPATH_TARGET}x: {missed}")
     return 1 if missed else 0
@@ -885,13 +894,7 @@ def run_cast_datapath(threads: int, repeat: int, rows: int, cols: int, only=None
 
             def option(x=x, to=to, out=out, dp=dp, bits_in=bits_in):
                 return qemu_q.cast(x, to, out=out, n_threads=threads, datapath=dp, random_bits=bits_in)
-            times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
-            ratio = times["option"] / times["default"]
-            mark = "" if ratio <= DATAPATH_TARGET else "  MISSED"
-            if ratio > DATAPATH_TARGET:
-                missed.append((title, name))
-            print(f"{title:<26} {name:<38} {times['default'] * 1e3:>7.2f}ms "
-                  f"{times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}", flush=True)
+            time_option_against_default(default, option, repeat, (title, name), (26, 38), missed)
     if missed:
         print(f"over {DATAPATH_TARGET}x: {missed}")
     return 1 if missed else 0
@@ -928,13 +931,7 @@ def run_mx_datapath(threads: int, repeat: int, rows: int, cols: int, elements=MX
             def option(dp=dp, bits_in=bits_in, element=element, packed=packed, out=out):
                 return qemu_q.mx_quantize(x, element, packed=packed, out=out, n_threads=threads,
                                           datapath=dp, random_bits=bits_in)
-            times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
-            ratio = times["option"] / times["default"]
-            mark = "" if ratio <= DATAPATH_TARGET else "  MISSED"
-            if ratio > DATAPATH_TARGET:
-                missed.append((element, name))
-            print(f"{element:<13} {name:<38} {times['default'] * 1e3:>7.2f}ms "
-                  f"{times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}", flush=True)
+            time_option_against_default(default, option, repeat, (element, name), (13, 38), missed)
     if missed:
         print(f"over {DATAPATH_TARGET}x: {missed}")
     return 1 if missed else 0
@@ -998,13 +995,7 @@ def run_dq_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("f
                 def option(dp=dp, bits_in=bits_in, args=args, kw=kw, y=y, out=out):
                     return qemu_q.dequantize_linear(*args, output_dtype=out, out=y, n_threads=threads,
                                                     datapath=dp, random_bits=bits_in, **kw)
-                times = time_alternating({"default": default, "option": option}, repeat, min_sample=0.2)
-                ratio = times["option"] / times["default"]
-                mark = "" if ratio <= DATAPATH_TARGET else "  MISSED"
-                if ratio > DATAPATH_TARGET:
-                    missed.append((out, name, option_name))
-                print(f"{out:<9} {name:<24} {option_name:<34} {times['default'] * 1e3:>7.2f}ms "
-                      f"{times['option'] * 1e3:>7.2f}ms {ratio:>6.2f}{mark}", flush=True)
+                time_option_against_default(default, option, repeat, (out, name, option_name), (9, 24, 34), missed)
     if missed:
         print(f"over {DATAPATH_TARGET}x: {missed}")
     return 1 if missed else 0
