@@ -251,7 +251,7 @@ def test_hypothesis_against_the_oracle(case):
 # --- the ONNX round trip ---------------------------------------------------------------------------
 
 def reference_dequantize(codes, scales, element, axis, block_size, output_dtype="float"):
-    pytest.importorskip("onnx")
+    pytest.importorskip("onnx", reason="the peer runs need onnx (test extra)")
     from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 

@@ -213,7 +213,7 @@ def _qlinear_inputs(a, a_scale, y_zero_point):
 
 
 def _onnxruntime(op_type, inputs, output_type):
-    onnx = pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx", reason="the peer runs need onnx (test extra)")
     ort = pytest.importorskip("onnxruntime")
     helper = onnx.helper
     names = [f"i{k}" for k in range(len(inputs))]
@@ -233,7 +233,7 @@ def _onnxruntime(op_type, inputs, output_type):
 
 
 def _reference(op_type, inputs, output_type):
-    onnx = pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx", reason="the peer runs need onnx (test extra)")
     from onnx.reference import ReferenceEvaluator
 
     helper = onnx.helper
@@ -488,7 +488,7 @@ def test_by_version_reaches_quantize_linear():
 
 
 def _reference_node(op_type, inputs, opset, **attributes):
-    onnx = pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx", reason="the peer runs need onnx (test extra)")
     from onnx.reference import ReferenceEvaluator
 
     helper = onnx.helper
