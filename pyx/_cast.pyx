@@ -7,8 +7,9 @@
 # integers, which are rounded to odd) or to a 64-bit integer, then encodes it; the hot
 # cases have their own loops over the same codecs, decided once per plan (CastConfig's
 # path): float32 into a small float or float8e8m0, float32 into float16 / bfloat16 / 8- and
-# 16-bit integers, float16 / bfloat16 into float32, and a Datapath into a small float from
-# float32 (float16 / bfloat16 widened first), one loop per rounding mode (_cast_loops.pxi).
+# 16-bit integers, float16 / bfloat16 into float32, and a Datapath into a small float, a
+# float16 or a bfloat16 from float32 (float16 / bfloat16 widened first), one loop per
+# rounding mode (_cast_loops.pxi).
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport trunc, isnan, isinf, fabs, copysign, ldexp, INFINITY
@@ -19,7 +20,7 @@ from _codecs cimport (
     CAST_FLOAT64, CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16, CAST_SMALL_FLOAT, CAST_E8M0,
     CAST_SIGNED, CAST_UNSIGNED, CAST_BOOL, CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT,
     CAST_PATH_F32_E8M0, CAST_PATH_SMALL_FLOAT_DATAPATH, CAST_PATH_F32_F16, CAST_PATH_F32_BF16,
-    CAST_PATH_F32_INTEGER, CAST_PATH_F16_F32, CAST_PATH_BF16_F32, SF_COUNT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
+    CAST_PATH_F32_INTEGER, CAST_PATH_F16_F32, CAST_PATH_BF16_F32, CAST_PATH_HALF_DATAPATH, SF_COUNT, SF_RULE_NAN_SIGN, SF_RULE_FNUZ_INF_NAN,
     SF_RULE_NAN_NEGATIVE_ZERO, SF_RULE_NAN_OPPOSITE_ZERO, E8M0_UP, E8M0_NEAREST,
     SmallFloat32Encoder, small_float32_encoder, encode_small_float32, encode_float8_onnxruntime,
     SF_E4M3FN, SF_E4M3FNUZ, SF_E5M2, SF_E5M2FNUZ,
@@ -78,8 +79,10 @@ cdef struct CastPlan:
     bint onnxruntime_float8
     int target_format
     int source_format
-    # CAST_PATH_SMALL_FLOAT_DATAPATH's loop invariants
+    # CAST_PATH_SMALL_FLOAT_DATAPATH's and CAST_PATH_HALF_DATAPATH's loop invariants
     CastSmallFloatDatapath small_float_datapath
+    # CAST_PATH_HALF_DATAPATH: the NaN code is (its quiet code, sign and payload) & nan_keep
+    int32_t nan_keep
 
 
 cdef struct CastWork:
@@ -349,26 +352,32 @@ cdef inline uint64_t datapath_convert(uint64_t raw, uint32_t word, const CastPla
     return datapath_from_value(decode_e8m0(<uint32_t>raw), word, p)
 
 
-cdef void small_float_datapath_task(const CastWork* w, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+cdef inline void run_datapath_loop(const CastPlan* p, const float* x, Py_ssize_t start, Py_ssize_t n,
+                                   uint8_t* y, const uint32_t* words) noexcept nogil:
+    # x[0:n] is the elements start.. of the cast; y and words are the whole arrays
+    if p.path == CAST_PATH_HALF_DATAPATH:
+        run_cast_half(x, (<uint16_t*>y) + start, n, words + start if words != NULL else NULL,
+                      p.rounding, p.target_kind == CAST_BFLOAT16, &p.small_float_datapath, p.nan_keep)
+    else:
+        run_cast_small_float(x, y + start, n, words + start if words != NULL else NULL, p.rounding,
+                             &p.small_float_datapath, &p.encoder)
+
+
+cdef void datapath_task(const CastWork* w, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
     # float32 x straight into the mode's loop; float16 / bfloat16 x widened (exactly) a
     # piece at a time first. Each element's random word is its own, whatever the pieces.
     cdef const CastPlan* p = &w.plan
     cdef const uint16_t* x16 = <const uint16_t*>w.x
-    cdef const uint32_t* words = w.random_bits
     cdef float buffer[WIDEN_CHUNK]
-    cdef Py_ssize_t piece, end, i
+    cdef Py_ssize_t piece, end
     if p.source_kind == CAST_FLOAT32:
-        run_cast_small_float(<const float*>w.x + start, w.y + start, stop - start,
-                             words + start if words != NULL else NULL, p.rounding,
-                             &p.small_float_datapath, &p.encoder)
+        run_datapath_loop(p, <const float*>w.x + start, start, stop - start, w.y, w.random_bits)
         return
     piece = start
     while piece < stop:
         end = min(piece + <Py_ssize_t>WIDEN_CHUNK, stop)
         widen(x16, buffer, piece, end, p.source_kind == CAST_FLOAT16)
-        run_cast_small_float(buffer, w.y + piece, end - piece,
-                             words + piece if words != NULL else NULL, p.rounding,
-                             &p.small_float_datapath, &p.encoder)
+        run_datapath_loop(p, buffer, piece, end - piece, w.y, w.random_bits)
         piece = end
 
 
@@ -465,9 +474,9 @@ cdef void cast_task(const void* work, Py_ssize_t task) noexcept nogil:
     cdef int round_mode
     cdef bint saturate
     cdef uint32_t word = 0
-    if p.path == CAST_PATH_SMALL_FLOAT_DATAPATH:
-        small_float_datapath_task(w, start, stop)
-    elif p.path >= CAST_PATH_F32_F16:
+    if p.path == CAST_PATH_SMALL_FLOAT_DATAPATH or p.path == CAST_PATH_HALF_DATAPATH:
+        datapath_task(w, start, stop)
+    elif CAST_PATH_F32_F16 <= p.path <= CAST_PATH_BF16_F32:
         typed_task(w, start, stop)
     elif p.datapath:
         for i in range(start, stop):
@@ -511,7 +520,7 @@ cdef class CastConfig:
                  bint onnxruntime_float8=False):
         cdef SmallFloatFormat f
         cdef CastSmallFloatDatapath* d
-        if not CAST_PATH_GENERAL <= path <= CAST_PATH_BF16_F32:
+        if not CAST_PATH_GENERAL <= path <= CAST_PATH_HALF_DATAPATH:
             raise ValueError(f"CastConfig: unknown path {path}")
         for name, kind, bits, fmt in (("source", source_kind, source_bits, source_format),
                                       ("target", target_kind, target_bits, target_format)):
@@ -539,16 +548,22 @@ cdef class CastConfig:
                  CAST_PATH_F16_F32: ((CAST_FLOAT16,), (CAST_FLOAT32,), None),
                  CAST_PATH_BF16_F32: ((CAST_BFLOAT16,), (CAST_FLOAT32,), None),
                  CAST_PATH_SMALL_FLOAT_DATAPATH: ((CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16),
-                                                  (CAST_SMALL_FLOAT,), None)}
+                                                  (CAST_SMALL_FLOAT,), None),
+                 CAST_PATH_HALF_DATAPATH: ((CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16),
+                                           (CAST_FLOAT16, CAST_BFLOAT16), None)}
         if path in needs:
             sources, targets, widths = needs[path]
             if source_kind not in sources or target_kind not in targets or (
                     widths is not None and target_bits not in widths):
                 raise ValueError(f"CastConfig: path {path} does not serve source_kind {source_kind} "
                                  f"into target_kind {target_kind} of {target_bits} bits")
-        if datapath != (path in (CAST_PATH_GENERAL, CAST_PATH_SMALL_FLOAT_DATAPATH)) and path != CAST_PATH_GENERAL:
-            raise ValueError(f"CastConfig: path {path} " + ("needs" if path == CAST_PATH_SMALL_FLOAT_DATAPATH
+        datapath_paths = (CAST_PATH_SMALL_FLOAT_DATAPATH, CAST_PATH_HALF_DATAPATH)
+        if datapath != (path in datapath_paths) and path != CAST_PATH_GENERAL:
+            raise ValueError(f"CastConfig: path {path} " + ("needs" if path in datapath_paths
                                                              else "runs without") + " a datapath")
+        if path == CAST_PATH_HALF_DATAPATH and source_kind == target_kind:
+            raise ValueError("CastConfig: the float16 / bfloat16 datapath loops serve float32 and the "
+                             "other 16-bit float")
         if path == CAST_PATH_SMALL_FLOAT_DATAPATH and (onnxruntime_float8 or target_format >= SF_COUNT):
             raise ValueError("CastConfig: the small-float datapath loops serve the ONNX small floats "
                              "without float8_encoder='onnxruntime'")
@@ -610,6 +625,15 @@ cdef class CastConfig:
          p.nan_bits) = targets.get(target_kind, (0, 0, 0.0, 0))
         d = &p.small_float_datapath
         d.x_min_normal = <float>p.source_min_normal if p.flush_inputs else <float>0.0
+        if (p.flush_outputs and float_target(target_kind) and p.target_mantissa_bits > 0
+                and p.source_min_normal <= 2.0 ** p.target_min_exponent * (1.0 - 2.0 ** -p.target_mantissa_bits)):
+            # The datapath loops skip an input flush that the output flush makes redundant:
+            # an input below the source's smallest normal, at most the target's largest
+            # subnormal, rounds in every mode to at most that subnormal, which the output
+            # flush turns into the same zero of x's sign (float32 sources into every ONNX
+            # small float and float16). The general loop keeps both steps.
+            d.x_min_normal = <float>0.0
+        p.nan_keep = (0x7E00 if target_kind == CAST_FLOAT16 else 0x7FC0) if p.canonical_nan else 0xFFFF
         d.shift = 23 - p.target_mantissa_bits
         d.fraction_mask = (1 << d.shift) - 1
         d.fraction_scale = <float>(2.0 ** -d.shift)

@@ -74,6 +74,9 @@ cdef enum CastPath:
     CAST_PATH_F32_INTEGER = 6    # float32 -> 8- and 16-bit integers (truncation, saturation)
     CAST_PATH_F16_F32 = 7        # float16 -> float32 (exact)
     CAST_PATH_BF16_F32 = 8       # bfloat16 -> float32 (exact)
+    # a Datapath into float16 / bfloat16 from float32 (float16 / bfloat16 widened first):
+    # one loop per rounding mode and target (pyx/_cast_loops.pxi)
+    CAST_PATH_HALF_DATAPATH = 9
 
 
 cdef enum SmallFloatId:

@@ -43,6 +43,7 @@ CAST_PATH_GENERAL, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_F32_E8M0 = (
  CAST_PATH_F16_F32, CAST_PATH_BF16_F32) = (
     ENUMS[f"CAST_PATH_{k}"] for k in ("SMALL_FLOAT_DATAPATH", "F32_F16", "F32_BF16", "F32_INTEGER",
                                       "F16_F32", "BF16_F32"))
+CAST_PATH_HALF_DATAPATH = ENUMS["CAST_PATH_HALF_DATAPATH"]
 # Cast's round_mode values, indexed by the kernels' E8M0RoundMode.
 E8M0_ROUND_MODES = tuple(
     name for _, name in sorted((ENUMS[f"E8M0_{n.upper()}"], n) for n in ("up", "down", "nearest")))

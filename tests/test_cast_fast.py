@@ -1,7 +1,7 @@
-"""Cast's typed loops (pyx/_cast.pyx, typed_task and small_float_datapath_task): float32
-into float16 / bfloat16 / 8- and 16-bit integers, float16 / bfloat16 into float32, and a
-Datapath into the ONNX small floats from float32 (one loop per rounding mode,
-pyx/_cast_loops.pxi).
+"""Cast's typed loops (pyx/_cast.pyx, typed_task and datapath_task): float32 into float16 /
+bfloat16 / 8- and 16-bit integers, float16 / bfloat16 into float32, and a Datapath into
+the ONNX small floats and into float16 / bfloat16 from float32 (one loop per rounding mode
+and target, pyx/_cast_loops.pxi).
 
 Each loop against an exact oracle written from docs/semantics.md ("Cast", "Datapath
 options"): tests/float_oracle.py's Fraction rounding, integer truncation in Python,
@@ -30,7 +30,7 @@ from qemu_q import _dispatch, _dtypes, _kernels
 from qemu_q._validate import signature
 from qemu_q.ops.cast import cast_plan
 from support import bits
-from test_datapath_dequantize_cast import SMALL, cast_oracle_small, check
+from test_datapath_dequantize_cast import CANONICAL_NAN, IEEE, SMALL, cast_oracle_small, check, ieee_bits, round_ieee
 
 F32, F16, BF16 = np.float32, np.float16, ml_dtypes.bfloat16
 ROUNDINGS = ["half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd",
@@ -86,7 +86,12 @@ def test_the_plans_pick_the_typed_loops():
     # type, onnxruntime's float8 constructors
     assert plan_path(x32, "int32") == _dtypes.CAST_PATH_GENERAL
     assert plan_path(np.zeros(3), "float8e4m3fn", up) == _dtypes.CAST_PATH_GENERAL
-    assert plan_path(x32, "float16", up) == _dtypes.CAST_PATH_GENERAL
+    # a datapath into float16 / bfloat16 from float32 and from the other 16-bit float
+    for x, to in ((x32, "float16"), (x32, "bfloat16"), (x16, "bfloat16"), (xb, "float16")):
+        for datapath in (up, qemu_q.Datapath(subnormals="flush_both"), qemu_q.Datapath(nan="canonical")):
+            assert plan_path(x, to, datapath) == _dtypes.CAST_PATH_HALF_DATAPATH
+    assert plan_path(x16, "float16", up) == _dtypes.CAST_PATH_GENERAL
+    assert plan_path(np.zeros(3), "float16", up) == _dtypes.CAST_PATH_GENERAL
     assert plan_path(x32, "float8e4m3fn", qemu_q.Datapath(float8_encoder="onnxruntime")) == _dtypes.CAST_PATH_GENERAL
 
 
@@ -283,7 +288,13 @@ def test_levels_threads_heads_and_tails_agree_with_the_general_path():
                                   "random_bits": words}),
              (h, "float8e5m2", {"datapath": qemu_q.Datapath(rounding="to_odd"), }),
              (b, "float4e2m1", {"datapath": qemu_q.Datapath(rounding="stochastic"), "random_bits": words}),
-             (x, "float6e3m2", {"datapath": qemu_q.Datapath(rounding="half_up", subnormals="flush_inputs")})]
+             (x, "float6e3m2", {"datapath": qemu_q.Datapath(rounding="half_up", subnormals="flush_inputs")}),
+             (x, "float16", {"datapath": qemu_q.Datapath(rounding="stochastic", subnormals="flush_both"),
+                             "random_bits": words}),
+             (x, "bfloat16", {"datapath": qemu_q.Datapath(rounding="half_away", nan="canonical")}),
+             (h, "bfloat16", {"datapath": qemu_q.Datapath(rounding="down", subnormals="flush_inputs")}),
+             (b, "float16", {"datapath": qemu_q.Datapath(rounding="stochastic", subnormals="flush_outputs"),
+                             "random_bits": words})]
     reference = [bits(general(src, to, **kw)) for src, to, kw in cases]
     level = _kernels.active.level
     try:
@@ -299,3 +310,73 @@ def test_levels_threads_heads_and_tails_agree_with_the_general_path():
                     check(got, want[start:start + length], f"{lv} {to} [{start}:+{length}]")
     finally:
         _kernels.use(level)
+
+
+# ------------------------------------------------------- datapath into float16 / bfloat16
+
+
+def half_threshold_words(x: np.ndarray, name: str) -> np.ndarray:
+    """threshold_words for float16 / bfloat16: the word that just carries, 2**32 - W, W
+    the first 32 bits of the fraction of |x| in units of the target's ulp."""
+    mantissa_bits, min_exponent, _ = IEEE[name]
+    with np.errstate(invalid="ignore"):
+        a = np.abs(x.astype(np.float64))
+    a = np.where(np.isfinite(a) & (a > 0), a, 1.0)
+    _, e = np.frexp(a)
+    t = np.ldexp(a, -(np.maximum(e - 1, min_exponent) - mantissa_bits))
+    w = np.floor((t - np.floor(t)) * 2.0 ** 32).astype(np.uint64)
+    return ((1 << 32) - w).astype(np.uint64) & 0xFFFFFFFF
+
+
+def half_datapath_oracle(x: np.ndarray, name: str, datapath: dict, words) -> np.ndarray:
+    """docs/semantics.md, Cast under a Datapath into float16 / bfloat16 from float32: the
+    input flushed below 2**-126 (flush_inputs), the exact value rounded by the mode
+    (round_ieee: beyond the largest finite +-inf, a subnormal result flushed with
+    flush_outputs), +-0 and +-inf kept, NaN quiet with its sign and its payload's leading
+    bits, or the canonical NaN."""
+    subnormals = datapath.get("subnormals", "keep")
+    with np.errstate(invalid="ignore"):
+        v = x.astype(np.float64)
+    if subnormals in ("flush_inputs", "flush_both"):
+        v = np.where(np.abs(v) < 2.0 ** -126, np.copysign(0.0, v), v)
+    want = np.zeros(v.shape, np.uint64)
+    finite = np.isfinite(v) & (v != 0)
+    plain = np.isinf(v) | (v == 0)
+    want[plain] = ieee_bits(v[plain], name)
+    w = (np.asarray(words)[finite] if words is not None else np.zeros(int(finite.sum()), np.uint32))
+    want[finite] = round_ieee(v[finite], name, datapath.get("rounding", "half_even"), w,
+                              subnormals in ("flush_outputs", "flush_both"))
+    nan = np.isnan(v)
+    if datapath.get("nan", "spec") == "canonical":
+        want[nan] = CANONICAL_NAN[name]
+    else:
+        want[nan] = half_oracle(x[nan], name)
+    return want
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_float32_datapath_into_halves_every_mode(name):
+    # every tie of the target and its float32 neighbours, the overflow threshold, float16's
+    # subnormal boundaries (2**-14, 2**-24, its half 2**-25), the flush threshold of the
+    # inputs (2**-126), float32 subnormals, NaN / inf / -0
+    x = np.concatenate([neighbourhoods(half_points(name)), SPECIALS,
+                        neighbourhoods([2.0 ** -126, 2.0 ** -127, 3 * 2.0 ** -26, 65504.0, 65536.0])])
+    carry = half_threshold_words(x, name)
+    word_sets = [np.zeros(x.shape, np.uint64), np.full(x.shape, 0xFFFFFFFF, np.uint64), carry,
+                 (carry - 1) & 0xFFFFFFFF]
+    assert plan_path(x, name, qemu_q.Datapath(rounding="up")) == _dtypes.CAST_PATH_HALF_DATAPATH
+    for rounding in ROUNDINGS:
+        options = [{"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_both"}]
+        if rounding in ("half_away", "down", "stochastic"):
+            options += [{"rounding": rounding, "subnormals": "flush_inputs", "nan": "canonical"},
+                        {"rounding": rounding, "subnormals": "flush_outputs"},
+                        {"rounding": rounding, "subnormals": "flush_both", "nan": "canonical"}]
+        for datapath, words in itertools.product(options, word_sets if rounding == "stochastic" else [None]):
+            w = None if words is None else words.astype(np.uint32)
+            got = qemu_q.cast(x, name, datapath=qemu_q.Datapath(**datapath), random_bits=w)
+            check(got, half_datapath_oracle(x, name, datapath, w), f"float32 -> {name} {datapath}")
+    # the carry threshold acts wherever the fraction is nonzero
+    sr = qemu_q.Datapath(rounding="stochastic")
+    up = qemu_q.cast(x, name, datapath=sr, random_bits=carry.astype(np.uint32))
+    down = qemu_q.cast(x, name, datapath=sr, random_bits=((carry - 1) & 0xFFFFFFFF).astype(np.uint32))
+    assert np.count_nonzero(bits(up) != bits(down)) > x.size // 4

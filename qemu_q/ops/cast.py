@@ -18,7 +18,7 @@ from .._dtypes import (
     CAST_BFLOAT16, CAST_BOOL, CAST_E8M0, CAST_FLOAT16, CAST_FLOAT32, CAST_FLOAT64,
     CAST_PATH_BF16_F32, CAST_PATH_F16_F32, CAST_PATH_F32_BF16, CAST_PATH_F32_E8M0,
     CAST_PATH_F32_F16, CAST_PATH_F32_INTEGER, CAST_PATH_F32_SMALL_FLOAT, CAST_PATH_GENERAL,
-    CAST_PATH_SMALL_FLOAT_DATAPATH, CAST_SIGNED,
+    CAST_PATH_HALF_DATAPATH, CAST_PATH_SMALL_FLOAT_DATAPATH, CAST_SIGNED,
     CAST_SMALL_FLOAT, CAST_UNSIGNED, E8M0_ROUND_MODES, SF_RULE_FNUZ_INF_NAN,
     SF_RULE_NAN_NEGATIVE_ZERO, SF_RULE_NAN_OPPOSITE_ZERO, SF_RULE_NAN_SIGN, ElementType, array_element_type,
     element_type,
@@ -157,11 +157,15 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
     if not fast_kernels:
         pass
     elif use_datapath:
-        # Into an ONNX small float from float32 / float16 / bfloat16: one loop per rounding
-        # mode; every other datapath (and float8_encoder="onnxruntime") the general loop.
+        # Into an ONNX small float, float16 or bfloat16 from float32 / float16 / bfloat16
+        # (not a 16-bit float into itself): one loop per rounding mode; every other
+        # datapath (and float8_encoder="onnxruntime") the general loop.
         if (target_kind == CAST_SMALL_FLOAT and not onnxruntime_float8
                 and source_kind in (CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16)):
             path = CAST_PATH_SMALL_FLOAT_DATAPATH
+        elif (target_kind in (CAST_FLOAT16, CAST_BFLOAT16) and source_kind != target_kind
+              and source_kind in (CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16)):
+            path = CAST_PATH_HALF_DATAPATH
     elif source_kind == CAST_FLOAT32:
         if target_kind == CAST_SMALL_FLOAT:
             path = CAST_PATH_F32_SMALL_FLOAT
