@@ -857,11 +857,18 @@ CAST_DATAPATH_OPTIONS = [
     ("nan canonical", dict(nan="canonical")),
     ("all: stochastic flush_both canonical", dict(rounding="stochastic", subnormals="flush_both",
                                                   nan="canonical")),
+    ("stochastic flush_both", dict(rounding="stochastic", subnormals="flush_both")),
+    ("half_away flush_both canonical", dict(rounding="half_away", subnormals="flush_both", nan="canonical")),
 ]
-# (source dtype, target) of --cast-datapath: the Cast cases of --cast into the small floats,
-# and the half-precision sources that the datapath loop widens first
-CAST_DATAPATH_CASES = (("float32", "float8e4m3fn"), ("float32", "float4e2m1"), ("float16", "float8e4m3fn"),
-                       ("bfloat16", "float8e5m2"))
+# (source dtype, target, the options timed: None for all) of --cast-datapath: the Cast cases
+# of --cast into the small floats, the half-precision sources that the datapath loop widens
+# first, and float32 into float16 / bfloat16 (a handful of options: their loops share one
+# body per mode)
+CAST_HALF_OPTIONS = ("half_away", "toward_zero", "stochastic", "flush_both", "nan canonical",
+                     "all: stochastic flush_both canonical")
+CAST_DATAPATH_CASES = (("float32", "float8e4m3fn", None), ("float32", "float4e2m1", None),
+                       ("float16", "float8e4m3fn", None), ("bfloat16", "float8e5m2", None),
+                       ("float32", "float16", CAST_HALF_OPTIONS), ("float32", "bfloat16", CAST_HALF_OPTIONS))
 
 
 def run_cast_datapath(threads: int, repeat: int, rows: int, cols: int, only=None,
@@ -879,7 +886,7 @@ def run_cast_datapath(threads: int, repeat: int, rows: int, cols: int, only=None
           f"kernels {_kernels.active.level}")
     print(f"{'case':<26} {'option':<38} {'default':>9} {'option':>9} {'ratio':>6}")
     missed = []
-    for source, to in cases:
+    for source, to, names in cases:
         x = sources[source]
         out = np.empty(x.shape, qemu_q.cast(x[:1, :1], to).dtype)
         title = f"{source} -> {to}"
@@ -887,7 +894,7 @@ def run_cast_datapath(threads: int, repeat: int, rows: int, cols: int, only=None
         def default(x=x, to=to, out=out):
             return qemu_q.cast(x, to, out=out, n_threads=threads)
         for name, options in CAST_DATAPATH_OPTIONS:
-            if only and name not in only:
+            if (only and name not in only) or (names is not None and name not in names):
                 continue
             dp = qemu_q.Datapath(**options)
             bits_in = words if dp.rounding == "stochastic" else None
@@ -1046,7 +1053,8 @@ def main(argv=None):
     p.add_argument("--cast-datapath", action="store_true",
                    help="only cast's qemu_q.Datapath options, each vs the default Cast (16M elements: "
                         "float32 -> float8e4m3fn, float4e2m1; float16 -> float8e4m3fn; bfloat16 -> "
-                        "float8e5m2; with --datapath-options: names of CAST_DATAPATH_OPTIONS)")
+                        "float8e5m2; float32 -> float16, bfloat16 (CAST_HALF_OPTIONS); with "
+                        "--datapath-options: names of CAST_DATAPATH_OPTIONS)")
     p.add_argument("--mx-elements", default=",".join(MX_DATAPATH_ELEMENTS),
                    help="with --mx-datapath: comma-separated MX elements (default: all)")
     p.add_argument("--dq-datapath", action="store_true",
