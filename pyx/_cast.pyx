@@ -625,6 +625,7 @@ cdef class CastConfig:
          p.nan_bits) = targets.get(target_kind, (0, 0, 0.0, 0))
         d = &p.small_float_datapath
         d.x_min_normal = <float>p.source_min_normal if p.flush_inputs else <float>0.0
+        d.flush_outputs = p.flush_outputs
         if (p.flush_outputs and float_target(target_kind) and p.target_mantissa_bits > 0
                 and p.source_min_normal <= 2.0 ** p.target_min_exponent * (1.0 - 2.0 ** -p.target_mantissa_bits)):
             # The datapath loops skip an input flush that the output flush makes redundant:
@@ -633,6 +634,12 @@ cdef class CastConfig:
             # flush turns into the same zero of x's sign (float32 sources into every ONNX
             # small float and float16). The general loop keeps both steps.
             d.x_min_normal = <float>0.0
+        if (p.flush_inputs and p.flush_outputs and float_target(target_kind)
+                and 2.0 ** p.target_min_exponent <= p.source_min_normal):
+            # and the output flush that the input flush makes redundant: an input kept is
+            # at least the source's smallest normal, at least the target's, a value of
+            # the target, and no mode rounds below it (float32 and float16 into bfloat16).
+            d.flush_outputs = 0
         p.nan_keep = (0x7E00 if target_kind == CAST_FLOAT16 else 0x7FC0) if p.canonical_nan else 0xFFFF
         d.shift = 23 - p.target_mantissa_bits
         d.fraction_mask = (1 << d.shift) - 1
@@ -640,7 +647,6 @@ cdef class CastConfig:
         d.min_normal_bits = (p.target_min_exponent + 127) << 23 if target_kind == CAST_SMALL_FLOAT else 0
         d.min_normal_code = 1 << p.target_mantissa_bits
         d.subnormal_scale = <float>(2.0 ** (p.target_mantissa_bits - p.target_min_exponent))
-        d.flush_outputs = p.flush_outputs
 
     @property
     def path(self):
