@@ -294,7 +294,12 @@ def test_levels_threads_heads_and_tails_agree_with_the_general_path():
              (x, "bfloat16", {"datapath": qemu_q.Datapath(rounding="half_away", nan="canonical")}),
              (h, "bfloat16", {"datapath": qemu_q.Datapath(rounding="down", subnormals="flush_inputs")}),
              (b, "float16", {"datapath": qemu_q.Datapath(rounding="stochastic", subnormals="flush_outputs"),
-                             "random_bits": words})]
+                             "random_bits": words}),
+             # flush_both where the plan keeps both flushes (float16's subnormals are
+             # float8e5m2 values) and where it drops the output flush (float16 into bfloat16)
+             (h, "float8e5m2", {"datapath": qemu_q.Datapath(rounding="stochastic", subnormals="flush_both"),
+                                "random_bits": words}),
+             (h, "bfloat16", {"datapath": qemu_q.Datapath(rounding="up", subnormals="flush_both")})]
     reference = [bits(general(src, to, **kw)) for src, to, kw in cases]
     level = _kernels.active.level
     try:
