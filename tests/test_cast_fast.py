@@ -385,3 +385,18 @@ def test_float32_datapath_into_halves_every_mode(name):
     up = qemu_q.cast(x, name, datapath=sr, random_bits=carry.astype(np.uint32))
     down = qemu_q.cast(x, name, datapath=sr, random_bits=((carry - 1) & 0xFFFFFFFF).astype(np.uint32))
     assert np.count_nonzero(bits(up) != bits(down)) > x.size // 4
+
+
+def test_float32_datapath_into_halves_every_exponent_against_the_general_path():
+    # random bit patterns (every float32 exponent, NaN payloads, subnormals) by every mode,
+    # against the general loop that the new loops replace
+    rng = np.random.default_rng(15)
+    x = rng.integers(0, 2**32, 20_000, dtype=np.uint64).astype(np.uint32).view(F32)
+    words = rng.integers(0, 2**32, x.shape, dtype=np.uint64).astype(np.uint32)
+    for name, (index, rounding) in itertools.product(["float16", "bfloat16"], enumerate(ROUNDINGS)):
+        subnormals = ("keep", "flush_inputs", "flush_outputs", "flush_both")[index % 4]
+        datapath = qemu_q.Datapath(rounding=rounding, subnormals=subnormals,
+                                   nan="canonical" if index % 3 == 0 else "spec")
+        w = words if rounding == "stochastic" else None
+        check(qemu_q.cast(x, name, datapath=datapath, random_bits=w),
+              bits(general(x, name, datapath=datapath, random_bits=w)), f"float32 -> {name} {datapath}")
