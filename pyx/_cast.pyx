@@ -363,9 +363,48 @@ cdef inline void run_datapath_loop(const CastPlan* p, const float* x, Py_ssize_t
                              &p.small_float_datapath, &p.encoder)
 
 
+cdef void narrow_odd(const double* x64, float* buffer, Py_ssize_t piece, Py_ssize_t end,
+                     bint flush, bint big_to_inf) noexcept nogil:
+    # float64 elements [piece, end) rounded to odd into float32 (double_to_float_odd as
+    # selects), after the input flush (float64's own subnormals, below 2**-1022). Rounding
+    # to odd at 24 bits keeps what every deterministic mode of the target reads: whether
+    # the value is a float32 value at all (exact, or odd and strictly between two float32
+    # values), hence whether it is a value of the target, which two of the target's values
+    # enclose it, and on which side of their midpoint it lies (the target has at most 11
+    # significant bits, its midpoints at most 12, both even at float32's 24: an odd
+    # float32 is neither); the sign is kept. So the mode rounds the float32 as it would the
+    # exact value (Boldo and Melquiond, "When double rounding is odd", for the nearest
+    # modes; the directed modes and to_odd read only the enclosing values and exactness).
+    # The float32 grid is finer than every target's in every binade, subnormals included
+    # (2**-149 against bfloat16's 2**-133). stochastic reads the first 32 dropped bits,
+    # which a float32 does not keep: it stays on the general loop. Beyond float32's range
+    # the odd result is FLT_MAX, which float16 and the small floats see as an overflow in
+    # every mode, but bfloat16's toward_zero / down / up / to_odd would keep finite:
+    # big_to_inf gives +-inf there, as the exact value rounds to beyond bfloat16's largest.
+    cdef Py_ssize_t i
+    cdef double v
+    cdef float f
+    cdef uint32_t b
+    cdef int32_t inexact, above
+    for i in range(piece, end):
+        v = x64[i]
+        if flush:
+            v = v if not (fabs(v) < 2.2250738585072014e-308) else copysign(0.0, v)
+        f = <float>v
+        b = float_bits(f)
+        inexact = (<double>f != v) & (v == v)
+        above = fabs(<double>f) > fabs(v)
+        b = <uint32_t>select_i32(inexact, <int32_t>((b - <uint32_t>above) | 1), <int32_t>b)
+        if big_to_inf:
+            b = <uint32_t>select_i32(fabs(v) >= 3.4028236692093846e+38,  # 2**128
+                                     <int32_t>(((b >> 31) << 31) | 0x7F800000), <int32_t>b)
+        buffer[i - piece] = bits_float(b)
+
+
 cdef void datapath_task(const CastWork* w, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
     # float32 x straight into the mode's loop; float16 / bfloat16 x widened (exactly) a
-    # piece at a time first. Each element's random word is its own, whatever the pieces.
+    # piece at a time first, float64 x rounded to odd (narrow_odd). Each element's random
+    # word is its own, whatever the pieces.
     cdef const CastPlan* p = &w.plan
     cdef const uint16_t* x16 = <const uint16_t*>w.x
     cdef float buffer[WIDEN_CHUNK]
@@ -376,7 +415,11 @@ cdef void datapath_task(const CastWork* w, Py_ssize_t start, Py_ssize_t stop) no
     piece = start
     while piece < stop:
         end = min(piece + <Py_ssize_t>WIDEN_CHUNK, stop)
-        widen(x16, buffer, piece, end, p.source_kind == CAST_FLOAT16)
+        if p.source_kind == CAST_FLOAT64:
+            narrow_odd(<const double*>w.x, buffer, piece, end, p.flush_inputs,
+                       p.target_kind == CAST_BFLOAT16)
+        else:
+            widen(x16, buffer, piece, end, p.source_kind == CAST_FLOAT16)
         run_datapath_loop(p, buffer, piece, end - piece, w.y, w.random_bits)
         piece = end
 
@@ -547,9 +590,9 @@ cdef class CastConfig:
                  CAST_PATH_F32_INTEGER: ((CAST_FLOAT32,), (CAST_SIGNED, CAST_UNSIGNED), (8, 16)),
                  CAST_PATH_F16_F32: ((CAST_FLOAT16,), (CAST_FLOAT32,), None),
                  CAST_PATH_BF16_F32: ((CAST_BFLOAT16,), (CAST_FLOAT32,), None),
-                 CAST_PATH_SMALL_FLOAT_DATAPATH: ((CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16),
+                 CAST_PATH_SMALL_FLOAT_DATAPATH: ((CAST_FLOAT64, CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16),
                                                   (CAST_SMALL_FLOAT,), None),
-                 CAST_PATH_HALF_DATAPATH: ((CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16),
+                 CAST_PATH_HALF_DATAPATH: ((CAST_FLOAT64, CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16),
                                            (CAST_FLOAT16, CAST_BFLOAT16), None)}
         if path in needs:
             sources, targets, widths = needs[path]
@@ -561,6 +604,9 @@ cdef class CastConfig:
         if datapath != (path in datapath_paths) and path != CAST_PATH_GENERAL:
             raise ValueError(f"CastConfig: path {path} " + ("needs" if path in datapath_paths
                                                              else "runs without") + " a datapath")
+        if path in datapath_paths and source_kind == CAST_FLOAT64 and rounding == DP_STOCHASTIC:
+            raise ValueError("CastConfig: a float64 source under stochastic rounding runs the general "
+                             "loop (the float32 rounded to odd keeps too few of the dropped bits)")
         if path == CAST_PATH_HALF_DATAPATH and source_kind == target_kind:
             raise ValueError("CastConfig: the float16 / bfloat16 datapath loops serve float32 and the "
                              "other 16-bit float")

@@ -82,16 +82,22 @@ def test_the_plans_pick_the_typed_loops():
             assert plan_path(x, to, up) == _dtypes.CAST_PATH_SMALL_FLOAT_DATAPATH
     for x in (x32, x16, xb):
         assert plan_path(x, "float8e4m3fn") == _dtypes.CAST_PATH_F32_SMALL_FLOAT
-    # the general loop for everything else: wider integers, float64, a datapath into an IEEE
-    # type, onnxruntime's float8 constructors
+    # the general loop for everything else: wider integers, float64 by default, a datapath
+    # into float32 / float64, onnxruntime's float8 constructors
     assert plan_path(x32, "int32") == _dtypes.CAST_PATH_GENERAL
-    assert plan_path(np.zeros(3), "float8e4m3fn", up) == _dtypes.CAST_PATH_GENERAL
     # a datapath into float16 / bfloat16 from float32 and from the other 16-bit float
     for x, to in ((x32, "float16"), (x32, "bfloat16"), (x16, "bfloat16"), (xb, "float16")):
         for datapath in (up, qemu_q.Datapath(subnormals="flush_both"), qemu_q.Datapath(nan="canonical")):
             assert plan_path(x, to, datapath) == _dtypes.CAST_PATH_HALF_DATAPATH
     assert plan_path(x16, "float16", up) == _dtypes.CAST_PATH_GENERAL
-    assert plan_path(np.zeros(3), "float16", up) == _dtypes.CAST_PATH_GENERAL
+    # float64 sources: rounded to odd into float32 first, but for stochastic rounding
+    x64, sr = np.zeros(3), qemu_q.Datapath(rounding="stochastic")
+    assert plan_path(x64, "float16", up) == _dtypes.CAST_PATH_HALF_DATAPATH
+    assert plan_path(x64, "bfloat16", up) == _dtypes.CAST_PATH_HALF_DATAPATH
+    assert plan_path(x64, "float4e2m1", up) == _dtypes.CAST_PATH_SMALL_FLOAT_DATAPATH
+    for to in ("float16", "float8e4m3fn"):
+        assert plan_path(x64, to, sr) == _dtypes.CAST_PATH_GENERAL
+    assert plan_path(x64, "float", up) == _dtypes.CAST_PATH_GENERAL
     assert plan_path(x32, "float8e4m3fn", qemu_q.Datapath(float8_encoder="onnxruntime")) == _dtypes.CAST_PATH_GENERAL
 
 
@@ -400,3 +406,57 @@ def test_float32_datapath_into_halves_every_exponent_against_the_general_path():
         w = words if rounding == "stochastic" else None
         check(qemu_q.cast(x, name, datapath=datapath, random_bits=w),
               bits(general(x, name, datapath=datapath, random_bits=w)), f"float32 -> {name} {datapath}")
+
+
+def float64_points(name: str, mantissa_bits: int, min_exponent: int, largest: float) -> np.ndarray:
+    """float64 values a float32 cannot hold that straddle what the modes read: every tie
+    of the target sampled, one float64 ulp and 2**-40 (relative) either side, values of the
+    target +- 2**-35 (relative), the overflow threshold, beyond float32's range (2**128 and
+    up), float64 subnormals and values between float32's subnormals."""
+    rng = np.random.default_rng(16)
+    exponents = rng.integers(min_exponent - mantissa_bits - 2, int(math.log2(largest)) + 2, 400)
+    mantissas = rng.integers(0, 1 << mantissa_bits, 400)
+    values = np.ldexp(1.0 + mantissas / 2.0 ** mantissa_bits, exponents)
+    ulps = np.ldexp(1.0, np.maximum(exponents, min_exponent) - mantissa_bits)
+    ties = values + ulps / 2
+    near = np.concatenate([ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf),
+                           ties * (1 + 2.0 ** -40), ties * (1 - 2.0 ** -40),
+                           values * (1 + 2.0 ** -35), values * (1 - 2.0 ** -35)])
+    extra = np.array([largest, largest * (1 + 2.0 ** -30), 2.0 ** 128, 2.0 ** 128 * (1 - 2.0 ** -40),
+                      float(np.finfo(np.float32).max) * (1 + 2.0 ** -30), 1e300, 1e-300, 5e-324,
+                      2.0 ** -1022 * (1 - 2.0 ** -20), 2.0 ** -1022, 2.0 ** -149 * 1.5, 2.0 ** -150,
+                      2.0 ** -140 * (1 + 2.0 ** -30), np.inf, 0.0])
+    x = np.concatenate([near, extra])
+    return np.concatenate([x, -x, [np.nan, -np.nan]])
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "float8e4m3fn", "float8e5m2fnuz", "float4e2m1"])
+def test_float64_datapath_through_float32_rounded_to_odd(name):
+    # every deterministic mode, flushes and canonical NaN: the exact oracle and the general
+    # loop; stochastic stays on the general loop (test_the_plans_pick_the_typed_loops)
+    if name in SMALL:
+        fmt = fo.FORMATS[SMALL[name]]
+        largest = float(max(fo.decode(fmt, c) for c in fo.finite_codes(fmt)))
+        x = float64_points(name, fmt.man_bits, fmt.min_normal_exp, largest)
+    else:
+        x = float64_points(name, *IEEE[name])
+    for index, rounding in enumerate(ROUNDINGS[:-1]):
+        subnormals = ("flush_outputs", "keep", "flush_inputs", "flush_both")[index % 4]
+        datapath = {"rounding": rounding, "subnormals": subnormals,
+                    "nan": "canonical" if index % 3 == 1 else "spec"}
+        dp = qemu_q.Datapath(**datapath)
+        assert plan_path(x, name, dp) != _dtypes.CAST_PATH_GENERAL
+        got = qemu_q.cast(x, name, datapath=dp)
+        check(got, bits(general(x, name, datapath=dp)), f"float64 -> {name} {datapath}, general")
+        finite = np.isfinite(x)
+        if name in SMALL:
+            want = cast_oracle_small(x, SMALL[name], datapath, None, 2.0 ** -1022)
+        else:
+            flushed = np.where(np.abs(x) < 2.0 ** -1022, np.copysign(0.0, x), x) if subnormals in (
+                "flush_inputs", "flush_both") else x
+            nonzero = finite & (flushed != 0)
+            want = ieee_bits(flushed, name)
+            want[nonzero] = round_ieee(flushed[nonzero], name, rounding, np.zeros(int(nonzero.sum()), np.uint32),
+                                       subnormals in ("flush_outputs", "flush_both"))
+            want[np.isnan(x)] = bits(general(x[np.isnan(x)], name, datapath=dp))
+        check(got[finite], np.asarray(want)[finite], f"float64 -> {name} {datapath}, oracle")

@@ -159,12 +159,15 @@ def cast_plan(op_type, opset, x_signature, to, saturate, round_mode, fast_kernel
     elif use_datapath:
         # Into an ONNX small float, float16 or bfloat16 from float32 / float16 / bfloat16
         # (not a 16-bit float into itself): one loop per rounding mode; every other
-        # datapath (and float8_encoder="onnxruntime") the general loop.
-        if (target_kind == CAST_SMALL_FLOAT and not onnxruntime_float8
-                and source_kind in (CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16)):
+        # datapath (and float8_encoder="onnxruntime") the general loop;
+        # float64 too (rounded to odd into float32 first, pyx/_cast.pyx narrow_odd) but
+        # under stochastic rounding, whose word reads more dropped bits than a float32 keeps.
+        sources = (CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16) + (
+            (CAST_FLOAT64,) if datapath.rounding != "stochastic" else ())
+        if target_kind == CAST_SMALL_FLOAT and not onnxruntime_float8 and source_kind in sources:
             path = CAST_PATH_SMALL_FLOAT_DATAPATH
         elif (target_kind in (CAST_FLOAT16, CAST_BFLOAT16) and source_kind != target_kind
-              and source_kind in (CAST_FLOAT32, CAST_FLOAT16, CAST_BFLOAT16)):
+              and source_kind in sources):
             path = CAST_PATH_HALF_DATAPATH
     elif source_kind == CAST_FLOAT32:
         if target_kind == CAST_SMALL_FLOAT:
