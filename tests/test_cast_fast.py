@@ -288,6 +288,7 @@ def test_levels_threads_heads_and_tails_agree_with_the_general_path():
     with np.errstate(over="ignore", invalid="ignore"):
         h = x.astype(F16)
         b = x.astype(BF16)
+        x64 = x.astype(np.float64) * (1 + 2.0 ** -40)  # bits a float32 does not hold
     cases = [(x, "float16", {}), (x, "bfloat16", {}), (x, "int8", {}), (x, "uint16", {}),
              (h, "float", {}), (b, "float", {}), (h, "float8e4m3fnuz", {}), (b, "float6e2m3", {}),
              (x, "float8e4m3fn", {"datapath": qemu_q.Datapath(rounding="stochastic", subnormals="flush_both"),
@@ -305,7 +306,10 @@ def test_levels_threads_heads_and_tails_agree_with_the_general_path():
              # float8e5m2 values) and where it drops the output flush (float16 into bfloat16)
              (h, "float8e5m2", {"datapath": qemu_q.Datapath(rounding="stochastic", subnormals="flush_both"),
                                 "random_bits": words}),
-             (h, "bfloat16", {"datapath": qemu_q.Datapath(rounding="up", subnormals="flush_both")})]
+             (h, "bfloat16", {"datapath": qemu_q.Datapath(rounding="up", subnormals="flush_both")}),
+             # float64 rounded to odd into float32 first
+             (x64, "float8e4m3fn", {"datapath": qemu_q.Datapath(rounding="half_away", subnormals="flush_both")}),
+             (x64, "bfloat16", {"datapath": qemu_q.Datapath(rounding="toward_zero")})]
     reference = [bits(general(src, to, **kw)) for src, to, kw in cases]
     level = _kernels.active.level
     try:
