@@ -8,8 +8,9 @@
 # cases have their own loops over the same codecs, decided once per plan (CastConfig's
 # path): float32 into a small float or float8e8m0, float32 into float16 / bfloat16 / 8- and
 # 16-bit integers, float16 / bfloat16 into float32, and a Datapath into a small float, a
-# float16 or a bfloat16 from float32 (float16 / bfloat16 widened first), one loop per
-# rounding mode (_cast_loops.pxi).
+# float16 or a bfloat16 from float32 (float16 / bfloat16 widened first, float64 rounded to
+# odd into float32 but under stochastic rounding), one loop per rounding mode
+# (_cast_loops.pxi).
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport trunc, isnan, isinf, fabs, copysign, ldexp, INFINITY
