@@ -57,6 +57,8 @@ cdef enum DatapathFeed:
     # How quantize_range feeds a plan's datapath loops.
     FEED_PIECES = 0      # the general cursor's pieces (the scalar datapath_one, the staged loops)
     FEED_BUFFERED = 1    # quantize_datapath_f32: every float32 loop plan (runs in L1-sized chunks)
+    FEED_STAGED = 2      # quantize_datapath_staged: QUOTIENT64_REMAINDER plans (float64 quotients
+                         # of float32-valued x and scale), the same windows and pieces
 
 # Test and benchmark hook (set_datapath_feed): False gives every plan FEED_PIECES, the
 # feeding before the buffered one, so that the two compare in one build.
@@ -819,6 +821,189 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
     datapath_flush(x, y, start, &pending, p)
 
 
+# The float32-remainder staging (QUOTIENT64_REMAINDER plans) fed as the float32 loops
+# are: with the general cursor's pieces, a run_datapath_wide call per 32-element block
+# (a copy of the plan, a stage and a float32 loop call each) and, with per-element scales,
+# a double scale read, converted, flushed and lane-checked per element. Here the scales are
+# converted once per parameter into a window (the float32 scale flushed, the divisor of
+# the remainder loop; the zero point as the float32 loops read it) and their lane (a
+# normal below 2**48 after the flush, docs/semantics.md "Staged quotients") is checked
+# there too, one flag per parameter; the pieces are quantize_datapath_f32's (runs of
+# DATAPATH_DIRECT_RUN or more with per-element parameters straight from the window, shorter
+# runs gathered into a DatapathPending piece, whole blocks spread), each staged by
+# stage_buffered (the remainder loop on the divisors, or the double loop when an element
+# or a scale of the piece is outside the lanes) and finished by the buffered float32 loop
+# on unit divisors with the piece's zero points. Runs of one scale of DATAPATH_DIRECT_RUN
+# or more (per tensor, per axis along an outer axis) stay on run_datapath_wide as before,
+# with the unit plan made once per task.
+
+cdef struct StagedParameters:
+    # A DatapathParameters window whose divisors are the flushed float32 scales, and
+    # whether each parameter's scale is outside the remainder loops' lane.
+    DatapathParameters w
+    bint any_unsafe
+    uint8_t unsafe[DATAPATH_PARAMETERS]
+
+
+cdef inline void staged_parameters(const double* scale, const double* zero_point, Py_ssize_t n,
+                                   const QuantizePlan* p, StagedParameters* c) noexcept nogil:
+    # The scale as stage_remainder_*_vary reads it (float32, flushed) and its lane check,
+    # once per parameter (a NaN or inf scale's bits are above REMAINDER_S_END, a zero's
+    # below REMAINDER_S_MIN); the zero points as datapath_f32_parameters converts them.
+    cdef float min_normal = p.dp32.scale_min_normal
+    cdef float s
+    cdef uint32_t a
+    cdef uint8_t u, bad = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        s = flush_subnormal_f32(<float>scale[i], min_normal)
+        c.w.divisor[i] = s
+        a = float_bits(s) & 0x7FFFFFFF
+        u = (a < <uint32_t>REMAINDER_S_MIN) | (a >= <uint32_t>REMAINDER_S_END)
+        c.unsafe[i] = u
+        bad |= u
+    c.any_unsafe = bad
+    if p.code_kind == CODE_INTEGER:
+        for i in range(n):
+            c.w.zero.as_int[i] = <int32_t>zero_point[i]
+    else:
+        for i in range(n):
+            c.w.zero.as_float[i] = <float>zero_point[i]
+
+
+cdef inline Py_ssize_t staged_parameters_at(StagedParameters* c, Py_ssize_t first, Py_ssize_t n,
+                                            Py_ssize_t n_params, const QuantizePlan* p) noexcept nogil:
+    # datapath_parameters_at for the staged window.
+    if first < c.w.first or first + n > c.w.first + c.w.count:
+        c.w.first = first
+        c.w.count = min(<Py_ssize_t>DATAPATH_PARAMETERS, n_params - first)
+        staged_parameters(p.scale + first, p.zero_point + first, c.w.count, p, c)
+    return first - c.w.first
+
+
+cdef inline bint staged_unsafe(const StagedParameters* c, Py_ssize_t at, Py_ssize_t n) noexcept nogil:
+    # Whether a scale among the window's [at, at + n) is outside the lane.
+    cdef Py_ssize_t k
+    cdef uint8_t bad = 0
+    if not c.any_unsafe:
+        return False
+    for k in range(at, at + n):
+        bad |= c.unsafe[k]
+    return bad != 0
+
+
+cdef inline void staged_piece(const x_storage_t* x, code_storage_t* y, Py_ssize_t n, const float* divisor,
+                              const int32_t* zero_int, const float* zero_float, bint scale_unsafe,
+                              float* widened, float* staged, const QuantizePlan* p,
+                              const QuantizePlan* unit) noexcept nogil:
+    stage_buffered(x, widened, staged, n, divisor, scale_unsafe, p)
+    run_datapath_f32_buffered(staged, y, n, UNIT_DIVISORS, zero_int, zero_float, NULL, unit)
+
+
+cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
+                                          Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
+    # Elements [start, end) into y[0 : end - start] on a plan with FEED_STAGED (see above).
+    cdef StagedParameters window
+    cdef DatapathPending pending
+    cdef QuantizePlan unit
+    cdef float widened[DATAPATH_PIECE]
+    cdef float staged[DATAPATH_PIECE]
+    cdef Cursor c
+    cdef Segment seg
+    cdef Py_ssize_t n_params = layout_parameters(&p.layout)
+    cdef Py_ssize_t block_size = p.layout.block_size
+    cdef Py_ssize_t done, n, e, at, o, k, piece, piece_end, n_blocks
+    cdef float divisor, zero_float
+    cdef int32_t zero_int
+    cdef bint integer_codes = p.code_kind == CODE_INTEGER
+    cdef bint pending_unsafe = False
+    cdef bint unsafe
+    unit_plan(p, &unit)
+    window.w.first = 0
+    window.w.count = 0
+    window.any_unsafe = False
+    if p.layout.granularity == BLOCKED and whole_blocks(&p.layout):
+        # quantize_datapath_f32_whole_blocks' pieces
+        piece = start
+        while piece < end:
+            piece_end = min(piece + <Py_ssize_t>DATAPATH_PIECE, end)
+            n_blocks = (piece_end - piece) // block_size
+            at = staged_parameters_at(&window, piece // block_size, n_blocks, n_params, p)
+            spread_whole_blocks(&pending, &window.w, at, n_blocks, block_size, integer_codes)
+            staged_piece(x + piece, y + (piece - start), piece_end - piece, pending.divisor,
+                         pending.zero.as_int, pending.zero.as_float, staged_unsafe(&window, at, n_blocks),
+                         widened, staged, p, &unit)
+            piece = piece_end
+        return
+    pending.start = start
+    pending.count = 0
+    cursor_at(&p.layout, start, end, &c)
+    while next_segment(&p.layout, &c, &seg):
+        if not seg.params_vary and seg.length >= DATAPATH_DIRECT_RUN:
+            # one scale: the `_one` staging as before, whole runs cut into its pieces
+            if pending.count:
+                staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
+                             pending.zero.as_int, pending.zero.as_float, pending_unsafe,
+                             widened, staged, p, &unit)
+                pending.count = 0
+                pending_unsafe = False
+            run_datapath_wide_unit(x + seg.start, y + (seg.start - start), seg.length, p.scale + seg.param_index,
+                                   p.zero_point + seg.param_index, False, NULL, p, &unit)
+            continue
+        done = 0
+        while done < seg.length:
+            n = min(seg.length - done, <Py_ssize_t>DATAPATH_PIECE)
+            e = seg.start + done
+            if n >= DATAPATH_DIRECT_RUN or pending.count + n > DATAPATH_PIECE:
+                if pending.count:
+                    staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
+                                 pending.zero.as_int, pending.zero.as_float, pending_unsafe,
+                                 widened, staged, p, &unit)
+                    pending.count = 0
+                    pending_unsafe = False
+            if n >= DATAPATH_DIRECT_RUN:
+                # per-element parameters (a shorter run of one scale is gathered below)
+                at = staged_parameters_at(&window, seg.param_index + done, n, n_params, p)
+                staged_piece(x + e, y + (e - start), n, window.w.divisor + at, window.w.zero.as_int + at,
+                             window.w.zero.as_float + at, staged_unsafe(&window, at, n),
+                             widened, staged, p, &unit)
+            else:
+                if pending.count == 0:
+                    pending.start = e
+                o = pending.count
+                if seg.params_vary:
+                    at = staged_parameters_at(&window, seg.param_index + done, n, n_params, p)
+                    unsafe = staged_unsafe(&window, at, n)
+                    for k in range(n):
+                        pending.divisor[o + k] = window.w.divisor[at + k]
+                    if integer_codes:
+                        for k in range(n):
+                            pending.zero.as_int[o + k] = window.w.zero.as_int[at + k]
+                    else:
+                        for k in range(n):
+                            pending.zero.as_float[o + k] = window.w.zero.as_float[at + k]
+                else:
+                    at = staged_parameters_at(&window, seg.param_index, 1, n_params, p)
+                    unsafe = staged_unsafe(&window, at, 1)
+                    divisor = window.w.divisor[at]
+                    for k in range(n):
+                        pending.divisor[o + k] = divisor
+                    if integer_codes:
+                        zero_int = window.w.zero.as_int[at]
+                        for k in range(n):
+                            pending.zero.as_int[o + k] = zero_int
+                    else:
+                        zero_float = window.w.zero.as_float[at]
+                        for k in range(n):
+                            pending.zero.as_float[o + k] = zero_float
+                pending_unsafe = pending_unsafe | unsafe
+                pending.count += n
+            done += n
+    if pending.count:
+        staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
+                     pending.zero.as_int, pending.zero.as_float, pending_unsafe, widened, staged, p, &unit)
+
+
 cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
                                 Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
     # Elements [start, end) into y[0 : end - start], PREFETCH_BLOCK elements at a time,
@@ -829,6 +1014,10 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
     if x_storage_t is float:
         if p.datapath_feed == FEED_BUFFERED:
             quantize_datapath_f32(x, y, start, end, p)
+            return
+    if x_storage_t is not int32_t:
+        if p.datapath_feed == FEED_STAGED:
+            quantize_datapath_staged(x, y, start, end, p)
             return
     if p.quotient64 == QUOTIENT64_REMAINDER:
         # The float32-remainder staging: whole runs, which run_datapath_wide cuts into its
@@ -1080,7 +1269,8 @@ cdef class QuantizeConfig:
         self.plan.datapath_wide = datapath_wide
         check_quotient64(quotient64, datapath_wide, &self.plan)
         self.plan.quotient64 = quotient64
-        self.plan.datapath_feed = FEED_BUFFERED if datapath_f32 else FEED_PIECES
+        self.plan.datapath_feed = (FEED_BUFFERED if datapath_f32 else
+                                   FEED_STAGED if quotient64 == QUOTIENT64_REMAINDER else FEED_PIECES)
         set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
     @property
@@ -1088,10 +1278,18 @@ cdef class QuantizeConfig:
         """How the float32 datapath loops are fed: "whole blocks" (blocks of 16, 32, 64 or
         128 tiling the rows: quantize_datapath_f32_whole_blocks), "buffered"
         (quantize_datapath_f32: per tensor and the other per-axis and blocked layouts),
-        "pieces" (the general cursor: the scalar path, the staged loops, or
-        set_datapath_feed(False))."""
-        if self.plan.datapath_feed != FEED_BUFFERED or not datapath_feed_enabled:
+        "staged whole blocks" and "staged buffered" (the float32-remainder staging of float64
+        quotients fed as those: quantize_datapath_staged), "pieces" (the general cursor: the
+        scalar path, the other staged loops, set_datapath_feed(False) or
+        set_quotient64_remainder(False))."""
+        if self.plan.datapath_feed == FEED_PIECES or not datapath_feed_enabled:
             return "pieces"
+        if self.plan.datapath_feed == FEED_STAGED:
+            if not quotient64_remainder_enabled:
+                return "pieces"
+            if self.plan.layout.granularity == BLOCKED and whole_blocks(&self.plan.layout):
+                return "staged whole blocks"
+            return "staged buffered"
         if self.plan.layout.granularity == BLOCKED and whole_blocks(&self.plan.layout):
             return "whole blocks"
         return "buffered"
@@ -1182,6 +1380,8 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
         p.datapath_feed = FEED_PIECES
     if not quotient64_remainder_enabled:
         p.quotient64 = QUOTIENT64_DOUBLE
+        if p.datapath_feed == FEED_STAGED:
+            p.datapath_feed = FEED_PIECES
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).
