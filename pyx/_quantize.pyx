@@ -9,7 +9,7 @@
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fabsf, copysign, fma, frexp, isnan, isinf
-from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uintptr_t
+from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uint64_t, uintptr_t
 
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
@@ -32,7 +32,7 @@ from _codecs cimport (
     datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
     datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
     datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
-    select_i64, flush_subnormal_f64, double_to_float_odd_staged,
+    select_i64, flush_subnormal_f64, double_to_float_odd_staged, double_bits,
     division_remainder_f32, quotient_rounded_to_odd, exact_even_quotient,
 )
 from _subbyte cimport pack_codes
@@ -822,26 +822,35 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
 
 
 # The float32-remainder staging (QUOTIENT64_REMAINDER plans) fed as the float32 loops
-# are: with the general cursor's pieces, a run_datapath_wide call per 32-element block
-# (a copy of the plan, a stage and a float32 loop call each) and, with per-element scales,
-# a double scale read, converted, flushed and lane-checked per element. Here the scales are
-# converted once per parameter into a window (the float32 scale flushed, the divisor of
-# the remainder loop; the zero point as the float32 loops read it) and their lane (a
-# normal below 2**48 after the flush, docs/semantics.md "Staged quotients") is checked
-# there too, one flag per parameter; the pieces are quantize_datapath_f32's (runs of
-# DATAPATH_DIRECT_RUN or more with per-element parameters straight from the window, shorter
-# runs gathered into a DatapathPending piece, whole blocks spread), each staged by
-# stage_buffered (the remainder loop on the divisors, or the double loop when an element
-# or a scale of the piece is outside the lanes) and finished by the buffered float32 loop
-# on unit divisors with the piece's zero points. Runs of one scale of DATAPATH_DIRECT_RUN
-# or more (per tensor, per axis along an outer axis) stay on run_datapath_wide as before,
-# with the unit plan made once per task.
+# are. With the general cursor's pieces it took a run_datapath_wide call per 32-element
+# block (a copy of the plan, a stage and a float32 loop call each) and, with per-element
+# scales, a double scale read, converted, flushed and lane-checked per element. Here:
+# - the scales are converted once per parameter into a window (the float32 scale
+#   flushed: the remainder loop's divisor; the zero point as the float32 loops read it),
+#   and their lane (a normal below 2**48 after the flush, docs/semantics.md "Staged
+#   quotients") is checked there too, one flag per parameter, ORed over a piece's
+#   parameters only when the window holds an unsafe one;
+# - the pieces are quantize_datapath_f32's: runs of DATAPATH_DIRECT_RUN or more with
+#   per-element parameters straight from the window, shorter runs gathered into a
+#   DatapathPending piece, whole blocks spread (only the divisors where the zero points
+#   are one value);
+# - each piece is staged by stage_buffered (the remainder loop on the divisors, or the
+#   double loop when an element or a scale of the piece is outside the lanes), then
+#   finished by a float32 loop with the unit plan: the `_one` loop on a unit scale where
+#   the piece's zero points are one value (bit for bit: +0 and -0 differ), as the per
+#   tensor staging is, else the buffered loop on unit divisors and the piece's zero points.
+#   The `_one` loop reads no parameter per element: the layouts quantized symmetrically
+#   (zero points 0, and every float8 output) cost what a per-tensor call costs.
+# Runs of one scale of DATAPATH_DIRECT_RUN or more (per tensor, per axis along an outer
+# axis) stay on run_datapath_wide as before, with the unit plan made once per task.
 
 cdef struct StagedParameters:
-    # A DatapathParameters window whose divisors are the flushed float32 scales, and
-    # whether each parameter's scale is outside the remainder loops' lane.
+    # A DatapathParameters window whose divisors are the flushed float32 scales; whether
+    # each parameter's scale is outside the remainder loops' lane; whether the window's
+    # zero points are all the bits of zero_point[first] (then `uniform` points at it).
     DatapathParameters w
     bint any_unsafe
+    const double* uniform
     uint8_t unsafe[DATAPATH_PARAMETERS]
 
 
@@ -854,6 +863,8 @@ cdef inline void staged_parameters(const double* scale, const double* zero_point
     cdef float s
     cdef uint32_t a
     cdef uint8_t u, bad = 0
+    cdef uint64_t first = double_bits(zero_point[0])
+    cdef uint64_t differ = 0
     cdef Py_ssize_t i
     for i in range(n):
         s = flush_subnormal_f32(<float>scale[i], min_normal)
@@ -863,6 +874,9 @@ cdef inline void staged_parameters(const double* scale, const double* zero_point
         c.unsafe[i] = u
         bad |= u
     c.any_unsafe = bad
+    for i in range(n):
+        differ |= double_bits(zero_point[i]) ^ first
+    c.uniform = zero_point if differ == 0 else NULL
     if p.code_kind == CODE_INTEGER:
         for i in range(n):
             c.w.zero.as_int[i] = <int32_t>zero_point[i]
@@ -893,11 +907,42 @@ cdef inline bint staged_unsafe(const StagedParameters* c, Py_ssize_t at, Py_ssiz
 
 
 cdef inline void staged_piece(const x_storage_t* x, code_storage_t* y, Py_ssize_t n, const float* divisor,
-                              const int32_t* zero_int, const float* zero_float, bint scale_unsafe,
-                              float* widened, float* staged, const QuantizePlan* p,
+                              const int32_t* zero_int, const float* zero_float, const double* zero_one,
+                              bint scale_unsafe, float* widened, float* staged, const QuantizePlan* p,
                               const QuantizePlan* unit) noexcept nogil:
+    # zero_one: the piece's one zero point (the `_one` loop), or NULL (the buffered loop).
     stage_buffered(x, widened, staged, n, divisor, scale_unsafe, p)
-    run_datapath_f32_buffered(staged, y, n, UNIT_DIVISORS, zero_int, zero_float, NULL, unit)
+    if zero_one != NULL:
+        run_datapath_f32(staged, y, n, UNIT_SCALES, zero_one, False, NULL, unit)
+    else:
+        run_datapath_f32_buffered(staged, y, n, UNIT_DIVISORS, zero_int, zero_float, NULL, unit)
+
+
+cdef inline void spread_divisors(float* out, const float* divisor, Py_ssize_t n_blocks,
+                                 Py_ssize_t block_size) noexcept nogil:
+    # spread_blocks for the divisors alone (inlined with a constant block_size)
+    cdef Py_ssize_t j, k
+    cdef float d
+    for j in range(n_blocks):
+        d = divisor[j]
+        for k in range(j * block_size, (j + 1) * block_size):
+            out[k] = d
+
+
+cdef inline void spread_whole_divisors(float* out, const float* divisor, Py_ssize_t n_blocks,
+                                       Py_ssize_t block_size) noexcept nogil:
+    if block_size == 16:
+        spread_divisors(out, divisor, n_blocks, 16)
+    elif block_size == 32:
+        spread_divisors(out, divisor, n_blocks, 32)
+    elif block_size == 64:
+        spread_divisors(out, divisor, n_blocks, 64)
+    else:
+        spread_divisors(out, divisor, n_blocks, 128)
+
+
+cdef inline bint same_zero(const double* a, const double* b) noexcept nogil:
+    return a != NULL and b != NULL and double_bits(a[0]) == double_bits(b[0])
 
 
 cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
@@ -917,11 +962,14 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
     cdef int32_t zero_int
     cdef bint integer_codes = p.code_kind == CODE_INTEGER
     cdef bint pending_unsafe = False
+    cdef const double* pending_zero = NULL  # the gathered runs' one zero point, or NULL
+    cdef const double* run_zero
     cdef bint unsafe
     unit_plan(p, &unit)
     window.w.first = 0
     window.w.count = 0
     window.any_unsafe = False
+    window.uniform = NULL
     if p.layout.granularity == BLOCKED and whole_blocks(&p.layout):
         # quantize_datapath_f32_whole_blocks' pieces
         piece = start
@@ -929,10 +977,13 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
             piece_end = min(piece + <Py_ssize_t>DATAPATH_PIECE, end)
             n_blocks = (piece_end - piece) // block_size
             at = staged_parameters_at(&window, piece // block_size, n_blocks, n_params, p)
-            spread_whole_blocks(&pending, &window.w, at, n_blocks, block_size, integer_codes)
+            if window.uniform != NULL:
+                spread_whole_divisors(pending.divisor, window.w.divisor + at, n_blocks, block_size)
+            else:
+                spread_whole_blocks(&pending, &window.w, at, n_blocks, block_size, integer_codes)
             staged_piece(x + piece, y + (piece - start), piece_end - piece, pending.divisor,
-                         pending.zero.as_int, pending.zero.as_float, staged_unsafe(&window, at, n_blocks),
-                         widened, staged, p, &unit)
+                         pending.zero.as_int, pending.zero.as_float, window.uniform,
+                         staged_unsafe(&window, at, n_blocks), widened, staged, p, &unit)
             piece = piece_end
         return
     pending.start = start
@@ -943,10 +994,9 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
             # one scale: the `_one` staging as before, whole runs cut into its pieces
             if pending.count:
                 staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
-                             pending.zero.as_int, pending.zero.as_float, pending_unsafe,
+                             pending.zero.as_int, pending.zero.as_float, pending_zero, pending_unsafe,
                              widened, staged, p, &unit)
                 pending.count = 0
-                pending_unsafe = False
             run_datapath_wide_unit(x + seg.start, y + (seg.start - start), seg.length, p.scale + seg.param_index,
                                    p.zero_point + seg.param_index, False, NULL, p, &unit)
             continue
@@ -954,26 +1004,23 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
         while done < seg.length:
             n = min(seg.length - done, <Py_ssize_t>DATAPATH_PIECE)
             e = seg.start + done
-            if n >= DATAPATH_DIRECT_RUN or pending.count + n > DATAPATH_PIECE:
-                if pending.count:
-                    staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
-                                 pending.zero.as_int, pending.zero.as_float, pending_unsafe,
-                                 widened, staged, p, &unit)
-                    pending.count = 0
-                    pending_unsafe = False
+            if pending.count and (n >= DATAPATH_DIRECT_RUN or pending.count + n > DATAPATH_PIECE):
+                staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
+                             pending.zero.as_int, pending.zero.as_float, pending_zero, pending_unsafe,
+                             widened, staged, p, &unit)
+                pending.count = 0
             if n >= DATAPATH_DIRECT_RUN:
                 # per-element parameters (a shorter run of one scale is gathered below)
                 at = staged_parameters_at(&window, seg.param_index + done, n, n_params, p)
                 staged_piece(x + e, y + (e - start), n, window.w.divisor + at, window.w.zero.as_int + at,
-                             window.w.zero.as_float + at, staged_unsafe(&window, at, n),
+                             window.w.zero.as_float + at, window.uniform, staged_unsafe(&window, at, n),
                              widened, staged, p, &unit)
             else:
-                if pending.count == 0:
-                    pending.start = e
                 o = pending.count
                 if seg.params_vary:
                     at = staged_parameters_at(&window, seg.param_index + done, n, n_params, p)
                     unsafe = staged_unsafe(&window, at, n)
+                    run_zero = window.uniform
                     for k in range(n):
                         pending.divisor[o + k] = window.w.divisor[at + k]
                     if integer_codes:
@@ -985,6 +1032,7 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
                 else:
                     at = staged_parameters_at(&window, seg.param_index, 1, n_params, p)
                     unsafe = staged_unsafe(&window, at, 1)
+                    run_zero = p.zero_point + seg.param_index
                     divisor = window.w.divisor[at]
                     for k in range(n):
                         pending.divisor[o + k] = divisor
@@ -996,12 +1044,20 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
                         zero_float = window.w.zero.as_float[at]
                         for k in range(n):
                             pending.zero.as_float[o + k] = zero_float
-                pending_unsafe = pending_unsafe | unsafe
+                if o == 0:
+                    pending.start = e
+                    pending_unsafe = unsafe
+                    pending_zero = run_zero
+                else:
+                    pending_unsafe = pending_unsafe | unsafe
+                    if not same_zero(pending_zero, run_zero):
+                        pending_zero = NULL
                 pending.count += n
             done += n
     if pending.count:
         staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
-                     pending.zero.as_int, pending.zero.as_float, pending_unsafe, widened, staged, p, &unit)
+                     pending.zero.as_int, pending.zero.as_float, pending_zero, pending_unsafe,
+                     widened, staged, p, &unit)
 
 
 cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
