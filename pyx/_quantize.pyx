@@ -847,42 +847,49 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
 cdef struct StagedParameters:
     # A DatapathParameters window whose divisors are the flushed float32 scales; whether
     # each parameter's scale is outside the remainder loops' lane; whether the window's
-    # zero points are all the bits of zero_point[first] (then `uniform` points at it).
+    # zero points are one value, bit for bit (then zero_value is it, as a double).
     DatapathParameters w
     bint any_unsafe
-    const double* uniform
+    bint uniform
+    double zero_value
     uint8_t unsafe[DATAPATH_PARAMETERS]
 
 
-cdef inline void staged_parameters(const double* scale, const double* zero_point, Py_ssize_t n,
-                                   const QuantizePlan* p, StagedParameters* c) noexcept nogil:
-    # The scale as stage_remainder_*_vary reads it (float32, flushed) and its lane check,
-    # once per parameter (a NaN or inf scale's bits are above REMAINDER_S_END, a zero's
-    # below REMAINDER_S_MIN); the zero points as datapath_f32_parameters converts them.
+cdef inline void staged_parameters(Py_ssize_t first, Py_ssize_t n, const QuantizePlan* p,
+                                   StagedParameters* c) noexcept nogil:
+    # Parameters [first, first + n) of the call's float32 scales and int32 or float32 zero
+    # points (call_plan: FEED_STAGED plans take the float32 paths' arrays, exact for the
+    # float32-valued scales these plans have): the scale as stage_remainder_*_vary reads
+    # it (float32, flushed) and its lane check, once per parameter (a NaN or inf scale's
+    # bits are above REMAINDER_S_END, a zero's below REMAINDER_S_MIN), the zero points as
+    # the float32 loops read them.
     cdef float min_normal = p.dp32.scale_min_normal
+    cdef const float* scale = p.scale32 + first
+    cdef const int32_t* zero_int = p.zero_point_int + first
+    cdef const float* zero_float = p.zero_point32 + first
     cdef float s
-    cdef uint32_t a
+    cdef uint32_t a, differ = 0
     cdef uint8_t u, bad = 0
-    cdef uint64_t first = double_bits(zero_point[0])
-    cdef uint64_t differ = 0
     cdef Py_ssize_t i
     for i in range(n):
-        s = flush_subnormal_f32(<float>scale[i], min_normal)
+        s = flush_subnormal_f32(scale[i], min_normal)
         c.w.divisor[i] = s
         a = float_bits(s) & 0x7FFFFFFF
         u = (a < <uint32_t>REMAINDER_S_MIN) | (a >= <uint32_t>REMAINDER_S_END)
         c.unsafe[i] = u
         bad |= u
     c.any_unsafe = bad
-    for i in range(n):
-        differ |= double_bits(zero_point[i]) ^ first
-    c.uniform = zero_point if differ == 0 else NULL
     if p.code_kind == CODE_INTEGER:
         for i in range(n):
-            c.w.zero.as_int[i] = <int32_t>zero_point[i]
+            c.w.zero.as_int[i] = zero_int[i]
+            differ |= <uint32_t>(zero_int[i] ^ zero_int[0])
+        c.zero_value = <double>zero_int[0]
     else:
         for i in range(n):
-            c.w.zero.as_float[i] = <float>zero_point[i]
+            c.w.zero.as_float[i] = zero_float[i]
+            differ |= float_bits(zero_float[i]) ^ float_bits(zero_float[0])
+        c.zero_value = <double>zero_float[0]
+    c.uniform = differ == 0
 
 
 cdef inline Py_ssize_t staged_parameters_at(StagedParameters* c, Py_ssize_t first, Py_ssize_t n,
@@ -891,7 +898,7 @@ cdef inline Py_ssize_t staged_parameters_at(StagedParameters* c, Py_ssize_t firs
     if first < c.w.first or first + n > c.w.first + c.w.count:
         c.w.first = first
         c.w.count = min(<Py_ssize_t>DATAPATH_PARAMETERS, n_params - first)
-        staged_parameters(p.scale + first, p.zero_point + first, c.w.count, p, c)
+        staged_parameters(first, c.w.count, p, c)
     return first - c.w.first
 
 
@@ -907,13 +914,14 @@ cdef inline bint staged_unsafe(const StagedParameters* c, Py_ssize_t at, Py_ssiz
 
 
 cdef inline void staged_piece(const x_storage_t* x, code_storage_t* y, Py_ssize_t n, const float* divisor,
-                              const int32_t* zero_int, const float* zero_float, const double* zero_one,
-                              bint scale_unsafe, float* widened, float* staged, const QuantizePlan* p,
-                              const QuantizePlan* unit) noexcept nogil:
-    # zero_one: the piece's one zero point (the `_one` loop), or NULL (the buffered loop).
+                              const int32_t* zero_int, const float* zero_float, bint zero_one,
+                              double zero_value, bint scale_unsafe, float* widened, float* staged,
+                              const QuantizePlan* p, const QuantizePlan* unit) noexcept nogil:
+    # zero_one: the piece's zero points are all zero_value (the `_one` loop), else the
+    # buffered loop reads them per element.
     stage_buffered(x, widened, staged, n, divisor, scale_unsafe, p)
-    if zero_one != NULL:
-        run_datapath_f32(staged, y, n, UNIT_SCALES, zero_one, False, NULL, unit)
+    if zero_one:
+        run_datapath_f32(staged, y, n, UNIT_SCALES, &zero_value, False, NULL, unit)
     else:
         run_datapath_f32_buffered(staged, y, n, UNIT_DIVISORS, zero_int, zero_float, NULL, unit)
 
@@ -941,8 +949,8 @@ cdef inline void spread_whole_divisors(float* out, const float* divisor, Py_ssiz
         spread_divisors(out, divisor, n_blocks, 128)
 
 
-cdef inline bint same_zero(const double* a, const double* b) noexcept nogil:
-    return a != NULL and b != NULL and double_bits(a[0]) == double_bits(b[0])
+cdef inline double staged_zero_value(const StagedParameters* c, Py_ssize_t at, bint integer_codes) noexcept nogil:
+    return <double>c.w.zero.as_int[at] if integer_codes else <double>c.w.zero.as_float[at]
 
 
 cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
@@ -962,14 +970,16 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
     cdef int32_t zero_int
     cdef bint integer_codes = p.code_kind == CODE_INTEGER
     cdef bint pending_unsafe = False
-    cdef const double* pending_zero = NULL  # the gathered runs' one zero point, or NULL
-    cdef const double* run_zero
-    cdef bint unsafe
+    cdef bint pending_uniform = False  # the gathered runs' zero points are all pending_zero
+    cdef double pending_zero = 0.0
+    cdef double run_zero, scale_one, zero_one
+    cdef bint unsafe, run_uniform
     unit_plan(p, &unit)
     window.w.first = 0
     window.w.count = 0
     window.any_unsafe = False
-    window.uniform = NULL
+    window.uniform = False
+    window.zero_value = 0.0
     if p.layout.granularity == BLOCKED and whole_blocks(&p.layout):
         # quantize_datapath_f32_whole_blocks' pieces
         piece = start
@@ -977,12 +987,12 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
             piece_end = min(piece + <Py_ssize_t>DATAPATH_PIECE, end)
             n_blocks = (piece_end - piece) // block_size
             at = staged_parameters_at(&window, piece // block_size, n_blocks, n_params, p)
-            if window.uniform != NULL:
+            if window.uniform:
                 spread_whole_divisors(pending.divisor, window.w.divisor + at, n_blocks, block_size)
             else:
                 spread_whole_blocks(&pending, &window.w, at, n_blocks, block_size, integer_codes)
             staged_piece(x + piece, y + (piece - start), piece_end - piece, pending.divisor,
-                         pending.zero.as_int, pending.zero.as_float, window.uniform,
+                         pending.zero.as_int, pending.zero.as_float, window.uniform, window.zero_value,
                          staged_unsafe(&window, at, n_blocks), widened, staged, p, &unit)
             piece = piece_end
         return
@@ -994,11 +1004,16 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
             # one scale: the `_one` staging as before, whole runs cut into its pieces
             if pending.count:
                 staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
-                             pending.zero.as_int, pending.zero.as_float, pending_zero, pending_unsafe,
+                             pending.zero.as_int, pending.zero.as_float, pending_uniform, pending_zero, pending_unsafe,
                              widened, staged, p, &unit)
                 pending.count = 0
-            run_datapath_wide_unit(x + seg.start, y + (seg.start - start), seg.length, p.scale + seg.param_index,
-                                   p.zero_point + seg.param_index, False, NULL, p, &unit)
+            scale_one = <double>p.scale32[seg.param_index]
+            if integer_codes:
+                zero_one = <double>p.zero_point_int[seg.param_index]
+            else:
+                zero_one = <double>p.zero_point32[seg.param_index]
+            run_datapath_wide_unit(x + seg.start, y + (seg.start - start), seg.length, &scale_one, &zero_one,
+                                   False, NULL, p, &unit)
             continue
         done = 0
         while done < seg.length:
@@ -1006,21 +1021,22 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
             e = seg.start + done
             if pending.count and (n >= DATAPATH_DIRECT_RUN or pending.count + n > DATAPATH_PIECE):
                 staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
-                             pending.zero.as_int, pending.zero.as_float, pending_zero, pending_unsafe,
+                             pending.zero.as_int, pending.zero.as_float, pending_uniform, pending_zero, pending_unsafe,
                              widened, staged, p, &unit)
                 pending.count = 0
             if n >= DATAPATH_DIRECT_RUN:
                 # per-element parameters (a shorter run of one scale is gathered below)
                 at = staged_parameters_at(&window, seg.param_index + done, n, n_params, p)
                 staged_piece(x + e, y + (e - start), n, window.w.divisor + at, window.w.zero.as_int + at,
-                             window.w.zero.as_float + at, window.uniform, staged_unsafe(&window, at, n),
-                             widened, staged, p, &unit)
+                             window.w.zero.as_float + at, window.uniform, window.zero_value,
+                             staged_unsafe(&window, at, n), widened, staged, p, &unit)
             else:
                 o = pending.count
                 if seg.params_vary:
                     at = staged_parameters_at(&window, seg.param_index + done, n, n_params, p)
                     unsafe = staged_unsafe(&window, at, n)
-                    run_zero = window.uniform
+                    run_uniform = window.uniform
+                    run_zero = window.zero_value
                     for k in range(n):
                         pending.divisor[o + k] = window.w.divisor[at + k]
                     if integer_codes:
@@ -1032,7 +1048,8 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
                 else:
                     at = staged_parameters_at(&window, seg.param_index, 1, n_params, p)
                     unsafe = staged_unsafe(&window, at, 1)
-                    run_zero = p.zero_point + seg.param_index
+                    run_uniform = True
+                    run_zero = staged_zero_value(&window, at, integer_codes)
                     divisor = window.w.divisor[at]
                     for k in range(n):
                         pending.divisor[o + k] = divisor
@@ -1047,16 +1064,17 @@ cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* 
                 if o == 0:
                     pending.start = e
                     pending_unsafe = unsafe
+                    pending_uniform = run_uniform
                     pending_zero = run_zero
                 else:
                     pending_unsafe = pending_unsafe | unsafe
-                    if not same_zero(pending_zero, run_zero):
-                        pending_zero = NULL
+                    pending_uniform = (pending_uniform and run_uniform
+                                       and double_bits(run_zero) == double_bits(pending_zero))
                 pending.count += n
             done += n
     if pending.count:
         staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
-                     pending.zero.as_int, pending.zero.as_float, pending_zero, pending_unsafe,
+                     pending.zero.as_int, pending.zero.as_float, pending_uniform, pending_zero, pending_unsafe,
                      widened, staged, p, &unit)
 
 
@@ -1351,6 +1369,16 @@ cdef class QuantizeConfig:
         return "buffered"
 
     @property
+    def float32_parameters(self):
+        """Whether a call passes the float32 paths' parameter arrays (float32 scales, int32
+        zero points for integer codes, float32 for small floats) on this general-path plan:
+        the float32-remainder staging's buffered feeding reads those (its scales are
+        float32 values; converting half a million of them to float64 per call cost more
+        than a blocked 32 layout's staging). Read at each call (the test hooks)."""
+        return (self.plan.datapath_feed == FEED_STAGED and datapath_feed_enabled
+                and quotient64_remainder_enabled)
+
+    @property
     def quotient64(self):
         """How a float64 quotient is staged for the float32 loops: "float32 remainder"
         (stage_remainder, the double loop for the pieces it cannot take), "double"
@@ -1420,24 +1448,25 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
     cdef Py_ssize_t needed = layout_parameters(&p.layout)
     if size != p.layout.size:
         raise ValueError(f"x has {size} elements; the config's layout has {p.layout.size}")
-    p.scale, p.zero_point = NO_DOUBLE, NO_DOUBLE
-    p.scale32, p.zero_point32, p.zero_point_int = NO_FLOAT, NO_FLOAT, NO_INT32
-    if p.path == PATH_GENERAL:
-        p.scale = float64_parameters(scale, needed, "scales")
-        p.zero_point = float64_parameters(zero_point, needed, "zero points")
-    else:
-        p.scale32 = float32_parameters(scale, needed, "scales")
-        if p.path == PATH_F32_INTEGER:
-            p.zero_point_int = int32_parameters(zero_point, needed, "zero points")
-        else:
-            p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
-    p.random_bits = random_words(random_bits, config.stochastic, size, "")
     if not datapath_feed_enabled:
         p.datapath_feed = FEED_PIECES
     if not quotient64_remainder_enabled:
         p.quotient64 = QUOTIENT64_DOUBLE
         if p.datapath_feed == FEED_STAGED:
             p.datapath_feed = FEED_PIECES
+    p.scale, p.zero_point = NO_DOUBLE, NO_DOUBLE
+    p.scale32, p.zero_point32, p.zero_point_int = NO_FLOAT, NO_FLOAT, NO_INT32
+    # (config.float32_parameters: the staged feeding reads the float32 paths' arrays)
+    if p.path == PATH_GENERAL and p.datapath_feed != FEED_STAGED:
+        p.scale = float64_parameters(scale, needed, "scales")
+        p.zero_point = float64_parameters(zero_point, needed, "zero points")
+    else:
+        p.scale32 = float32_parameters(scale, needed, "scales")
+        if p.code_kind == CODE_INTEGER:
+            p.zero_point_int = int32_parameters(zero_point, needed, "zero points")
+        else:
+            p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
+    p.random_bits = random_words(random_bits, config.stochastic, size, "")
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).
