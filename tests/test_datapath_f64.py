@@ -825,11 +825,10 @@ def test_remainder_loops_on_layouts_same_bits_as_datapath_one(scale_mode, hard):
     subs = ["keep", "flush_inputs", "flush_outputs", "flush_both"]
     for i, (name, shape, axis, block_size, feed) in enumerate(STAGED_LAYOUTS):
         x, scales = staged_case(shape, axis, block_size, rng, hard)
-        for j in range(2):
-            k = 2 * i + j
+        for j, rounding in enumerate(ROUNDINGS):
+            k = i + j
             out = outs[k % len(outs)]
-            rounding = ROUNDINGS[k % len(ROUNDINGS)]
-            zero_point = zero_points_for(out, scales, rng, uniform=j == 0)
+            zero_point = zero_points_for(out, scales, rng, uniform=k % 2 == 0)
             dp = qemu_q.Datapath(rounding=rounding, scale=scale_mode, scale_precision="float64",
                                  subnormals=subs[k % len(subs)])
 
