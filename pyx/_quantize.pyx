@@ -358,6 +358,10 @@ include "_datapath_loops.pxi"
 # pieces the remainder loops staged and how many they handed to the double loop. Counting
 # is off unless a test turns it on (a relaxed atomic add per piece of 512 elements).
 cdef bint quotient64_remainder_enabled = True
+# Test and benchmark hook (set_fused_staging): False finishes every staged piece with a
+# second float32 loop pass (stage_buffered, then the `_one` or buffered loop), True lets
+# integer pieces of one zero point take the fused loop (stage_round).
+cdef bint fused_staging_enabled = True
 cdef extern from *:
     """
     static Py_ssize_t qemu_q_quotient64_pieces[2];
@@ -918,7 +922,23 @@ cdef inline void staged_piece(const x_storage_t* x, code_storage_t* y, Py_ssize_
                               double zero_value, bint scale_unsafe, float* widened, float* staged,
                               const QuantizePlan* p, const QuantizePlan* unit) noexcept nogil:
     # zero_one: the piece's zero points are all zero_value (the `_one` loop), else the
-    # buffered loop reads them per element.
+    # buffered loop reads them per element. Integer codes with one zero point: the fused
+    # loop (stage_round), one pass, and the two passes again where it refuses the piece.
+    cdef const float* source
+    if x_storage_t is not int32_t:
+        if zero_one and p.code_kind == CODE_INTEGER and not scale_unsafe and fused_staging_enabled:
+            if x_storage_t is uint16_t:
+                if p.x_format == FMT_FLOAT16:
+                    widen_float16(x, widened, n)
+                else:
+                    widen_bfloat16(x, widened, n)
+                source = widened
+            else:
+                source = x
+            if stage_round(source, y, n, divisor, <int32_t>zero_value, p) == 0:
+                count_quotient64(0)
+                return
+            scale_unsafe = True  # refused: the double loop (stage_buffered counts it)
     stage_buffered(x, widened, staged, n, divisor, scale_unsafe, p)
     if zero_one:
         run_datapath_f32(staged, y, n, UNIT_SCALES, &zero_value, False, NULL, unit)
@@ -1516,6 +1536,17 @@ def set_quotient64_remainder(bint enabled):
     global quotient64_remainder_enabled
     previous = quotient64_remainder_enabled
     quotient64_remainder_enabled = enabled
+    return previous
+
+
+def set_fused_staging(bint enabled):
+    """Test and benchmark hook: False stages every piece of the float32-remainder loops'
+    buffered feeding into a buffer and rounds it in a second pass; True (the default) lets
+    integer pieces with one zero point stage and round in one loop (stage_round). The same
+    bits either way. Returns the previous setting."""
+    global fused_staging_enabled
+    previous = fused_staging_enabled
+    fused_staging_enabled = enabled
     return previous
 
 
