@@ -364,7 +364,7 @@ cdef bint quotient64_remainder_enabled = True
 cdef bint fused_staging_enabled = True
 cdef extern from *:
     """
-    static Py_ssize_t qemu_q_quotient64_pieces[2];
+    static Py_ssize_t qemu_q_quotient64_pieces[3];
     static int qemu_q_quotient64_counting;
     static inline void qemu_q_count_quotient64(int fell_back) {
         if (qemu_q_quotient64_counting) {
@@ -375,8 +375,19 @@ cdef extern from *:
     #endif
         }
     }
+    /* the pieces the fused loop (stage_round) finished, counted among the staged too */
+    static inline void qemu_q_count_fused(void) {
+        if (qemu_q_quotient64_counting) {
+    #if defined(__GNUC__) || defined(__clang__)
+            __atomic_fetch_add(&qemu_q_quotient64_pieces[2], 1, __ATOMIC_RELAXED);
+    #else
+            qemu_q_quotient64_pieces[2] += 1;
+    #endif
+        }
+    }
     """
-    Py_ssize_t quotient64_pieces "qemu_q_quotient64_pieces"[2]
+    Py_ssize_t quotient64_pieces "qemu_q_quotient64_pieces"[3]
+    void count_fused "qemu_q_count_fused" () noexcept nogil
     int quotient64_counting "qemu_q_quotient64_counting"
     void count_quotient64 "qemu_q_count_quotient64" (int fell_back) noexcept nogil
 # run_datapath_wide: float16/bfloat16 x, their own division precision and float64
@@ -937,6 +948,7 @@ cdef inline void staged_piece(const x_storage_t* x, code_storage_t* y, Py_ssize_
                 source = x
             if stage_round(source, y, n, divisor, <int32_t>zero_value, p) == 0:
                 count_quotient64(0)
+                count_fused()
                 return
             scale_unsafe = True  # refused: the double loop (stage_buffered counts it)
     stage_buffered(x, widened, staged, n, divisor, scale_unsafe, p)
@@ -1537,6 +1549,15 @@ def set_quotient64_remainder(bint enabled):
     previous = quotient64_remainder_enabled
     quotient64_remainder_enabled = enabled
     return previous
+
+
+def count_fused_pieces():
+    """Test hook: the pieces the fused loop (stage_round) finished since the last call,
+    counted while count_quotient64_pieces(True) has counting on (they are among its
+    staged pieces too)."""
+    counted = quotient64_pieces[2]
+    quotient64_pieces[2] = 0
+    return counted
 
 
 def set_fused_staging(bint enabled):

@@ -936,3 +936,48 @@ def test_remainder_loops_on_layouts_threads_and_levels():
                     assert_same_bits(got, want, f"{lv} {x.dtype} {axis} {block_size} n_threads={n}")
     finally:
         _kernels.use(level)
+
+
+@pytest.mark.parametrize("scale_mode", ["divide", "reciprocal"])
+def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
+    # Integer codes with one zero point (symmetric, or one value everywhere) are staged and
+    # rounded in one loop (stage_round); set_fused_staging(False) stages into a buffer and
+    # rounds in a second pass. Every mode, the flushes, hard and ordinary data, a piece the
+    # fused loop refuses (then the double loop), 1 and 2 threads.
+    module = quantize_module()
+    rng = np.random.default_rng(25)
+    subs = ["keep", "flush_inputs", "flush_outputs", "flush_both"]
+    for hard in (False, True):
+        for i, (name, shape, axis, block_size, _) in enumerate(STAGED_LAYOUTS):
+            x, scales = staged_case(shape, axis, block_size, rng, hard)
+            for j, rounding in enumerate(ROUNDINGS):
+                out = ("int8", "uint8", "int4", "int16")[(i + j) % 4]
+                zero_point = {"int8": np.full(scales.shape, -3, np.int8),
+                              "uint8": np.full(scales.shape, 128, np.uint8)}.get(out)
+                dp = qemu_q.Datapath(rounding=rounding, scale=scale_mode, scale_precision="float64",
+                                     subnormals=subs[(i + j) % 4], nan_to_integer=("min", "zero", "max")[j % 3])
+
+                def run():
+                    return qemu_q.quantize_linear(x, scales, zero_point, output_dtype=out, datapath=dp, axis=axis,
+                                                  block_size=block_size, n_threads=1 + j % 2)
+                module.count_fused_pieces()
+                got, (staged, fell_back) = counted(run)
+                fused = module.count_fused_pieces()
+                what = f"{name} {out} {dp} hard={hard}"
+                assert 0 < fused <= staged or (hard and staged == 0), what
+                previous = module.set_fused_staging(False)
+                try:
+                    two_passes, _ = counted(run)
+                    assert module.count_fused_pieces() == 0
+                finally:
+                    module.set_fused_staging(previous)
+                assert_same_bits(got, two_passes, what)
+                assert_same_bits(got, reference(run), what)
+    # several zero points, or small floats: the two passes
+    x, scales = staged_case((3, 2048), 1, 32, rng, False)
+    dp = qemu_q.Datapath(scale=scale_mode, scale_precision="float64")
+    for zero_point, out in ((rng.integers(-5, 5, scales.shape).astype(np.int8), "int8"), (None, "float8e4m3fn")):
+        module.count_fused_pieces()
+        got, (staged, _) = counted(lambda: qemu_q.quantize_linear(x, scales, zero_point, output_dtype=out,
+                                                                  datapath=dp, axis=1, block_size=32))
+        assert staged > 0 and module.count_fused_pieces() == 0, out
