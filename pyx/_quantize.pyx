@@ -936,8 +936,9 @@ cdef inline void staged_piece(const x_storage_t* x, code_storage_t* y, Py_ssize_
     # buffered loop reads them per element. Integer codes with one zero point: the fused
     # loop (stage_round), one pass, and the two passes again where it refuses the piece.
     cdef const float* source
+    cdef int32_t refused = 1
     if x_storage_t is not int32_t:
-        if zero_one and p.code_kind == CODE_INTEGER and not scale_unsafe and fused_staging_enabled:
+        if zero_one and not scale_unsafe and fused_staging_enabled:
             if x_storage_t is uint16_t:
                 if p.x_format == FMT_FLOAT16:
                     widen_float16(x, widened, n)
@@ -946,7 +947,11 @@ cdef inline void staged_piece(const x_storage_t* x, code_storage_t* y, Py_ssize_
                 source = widened
             else:
                 source = x
-            if stage_round(source, y, n, divisor, <int32_t>zero_value, p) == 0:
+            if p.code_kind == CODE_INTEGER:
+                refused = stage_round(source, y, n, divisor, <int32_t>zero_value, p)
+            elif code_storage_t is uint8_t:
+                refused = stage_round_small_float(source, y, n, divisor, <float>zero_value, p)
+            if refused == 0:
                 count_quotient64(0)
                 count_fused()
                 return

@@ -940,8 +940,9 @@ def test_remainder_loops_on_layouts_threads_and_levels():
 
 @pytest.mark.parametrize("scale_mode", ["divide", "reciprocal"])
 def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
-    # Integer codes with one zero point (symmetric, or one value everywhere) are staged and
-    # rounded in one loop (stage_round); set_fused_staging(False) stages into a buffer and
+    # Pieces with one zero point (integer codes: symmetric, or one value everywhere; the
+    # ONNX small floats: +0 or -0 everywhere) are staged and rounded in one loop
+    # (stage_round, stage_round_small_float); set_fused_staging(False) stages into a buffer and
     # rounds in a second pass. Every mode, the flushes, hard and ordinary data, a piece the
     # fused loop refuses (then the double loop), 1 and 2 threads.
     module = quantize_module()
@@ -951,7 +952,7 @@ def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
         for i, (name, shape, axis, block_size, _) in enumerate(STAGED_LAYOUTS):
             x, scales = staged_case(shape, axis, block_size, rng, hard)
             for j, rounding in enumerate(ROUNDINGS):
-                out = ("int8", "uint8", "int4", "int16")[(i + j) % 4]
+                out = ("int8", "uint8", "int4", "int16", "float8e4m3fn", "float8e5m2", "float8e4m3fnuz")[(i + j) % 7]
                 zero_point = {"int8": np.full(scales.shape, -3, np.int8),
                               "uint8": np.full(scales.shape, 128, np.uint8)}.get(out)
                 dp = qemu_q.Datapath(rounding=rounding, scale=scale_mode, scale_precision="float64",
@@ -973,10 +974,11 @@ def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
                     module.set_fused_staging(previous)
                 assert_same_bits(got, two_passes, what)
                 assert_same_bits(got, reference(run), what)
-    # several zero points, or small floats: the two passes
+    # several zero points (+0 and -0 are two): the two passes
     x, scales = staged_case((3, 2048), 1, 32, rng, False)
     dp = qemu_q.Datapath(scale=scale_mode, scale_precision="float64")
-    for zero_point, out in ((rng.integers(-5, 5, scales.shape).astype(np.int8), "int8"), (None, "float8e4m3fn")):
+    for zero_point, out in ((rng.integers(-5, 5, scales.shape).astype(np.int8), "int8"),
+                            (zero_points_for("float8e4m3fn", scales, rng, uniform=False), "float8e4m3fn")):
         module.count_fused_pieces()
         got, (staged, _) = counted(lambda: qemu_q.quantize_linear(x, scales, zero_point, output_dtype=out,
                                                                   datapath=dp, axis=1, block_size=32))
