@@ -9,7 +9,7 @@
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fabsf, copysign, fma, frexp, isnan, isinf
-from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uintptr_t
+from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uint64_t, uintptr_t
 
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
@@ -32,7 +32,7 @@ from _codecs cimport (
     datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
     datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
     datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic,
-    select_i64, flush_subnormal_f64, double_to_float_odd_staged,
+    select_i64, flush_subnormal_f64, double_to_float_odd_staged, double_bits,
     division_remainder_f32, quotient_rounded_to_odd, exact_even_quotient,
 )
 from _subbyte cimport pack_codes
@@ -57,6 +57,8 @@ cdef enum DatapathFeed:
     # How quantize_range feeds a plan's datapath loops.
     FEED_PIECES = 0      # the general cursor's pieces (the scalar datapath_one, the staged loops)
     FEED_BUFFERED = 1    # quantize_datapath_f32: every float32 loop plan (runs in L1-sized chunks)
+    FEED_STAGED = 2      # quantize_datapath_staged: QUOTIENT64_REMAINDER plans (float64 quotients
+                         # of float32-valued x and scale), the same windows and pieces
 
 # Test and benchmark hook (set_datapath_feed): False gives every plan FEED_PIECES, the
 # feeding before the buffered one, so that the two compare in one build.
@@ -356,9 +358,13 @@ include "_datapath_loops.pxi"
 # pieces the remainder loops staged and how many they handed to the double loop. Counting
 # is off unless a test turns it on (a relaxed atomic add per piece of 512 elements).
 cdef bint quotient64_remainder_enabled = True
+# Test and benchmark hook (set_fused_staging): False finishes every staged piece with a
+# second float32 loop pass (stage_buffered, then the `_one` or buffered loop), True lets
+# integer pieces of one zero point take the fused loop (stage_round).
+cdef bint fused_staging_enabled = True
 cdef extern from *:
     """
-    static Py_ssize_t qemu_q_quotient64_pieces[2];
+    static Py_ssize_t qemu_q_quotient64_pieces[3];
     static int qemu_q_quotient64_counting;
     static inline void qemu_q_count_quotient64(int fell_back) {
         if (qemu_q_quotient64_counting) {
@@ -369,8 +375,19 @@ cdef extern from *:
     #endif
         }
     }
+    /* the pieces the fused loop (stage_round) finished, counted among the staged too */
+    static inline void qemu_q_count_fused(void) {
+        if (qemu_q_quotient64_counting) {
+    #if defined(__GNUC__) || defined(__clang__)
+            __atomic_fetch_add(&qemu_q_quotient64_pieces[2], 1, __ATOMIC_RELAXED);
+    #else
+            qemu_q_quotient64_pieces[2] += 1;
+    #endif
+        }
+    }
     """
-    Py_ssize_t quotient64_pieces "qemu_q_quotient64_pieces"[2]
+    Py_ssize_t quotient64_pieces "qemu_q_quotient64_pieces"[3]
+    void count_fused "qemu_q_count_fused" () noexcept nogil
     int quotient64_counting "qemu_q_quotient64_counting"
     void count_quotient64 "qemu_q_count_quotient64" (int fell_back) noexcept nogil
 # run_datapath_wide: float16/bfloat16 x, their own division precision and float64
@@ -819,6 +836,285 @@ cdef inline void quantize_datapath_f32(const float* x, code_storage_t* y, Py_ssi
     datapath_flush(x, y, start, &pending, p)
 
 
+# The float32-remainder staging (QUOTIENT64_REMAINDER plans) fed as the float32 loops
+# are. With the general cursor's pieces it took a run_datapath_wide call per 32-element
+# block (a copy of the plan, a stage and a float32 loop call each) and, with per-element
+# scales, a double scale read, converted, flushed and lane-checked per element. Here:
+# - the scales are converted once per parameter into a window (the float32 scale
+#   flushed: the remainder loop's divisor; the zero point as the float32 loops read it),
+#   and their lane (a normal below 2**48 after the flush, docs/semantics.md "Staged
+#   quotients") is checked there too, one flag per parameter, ORed over a piece's
+#   parameters only when the window holds an unsafe one;
+# - the pieces are quantize_datapath_f32's: runs of DATAPATH_DIRECT_RUN or more with
+#   per-element parameters straight from the window, shorter runs gathered into a
+#   DatapathPending piece, whole blocks spread (only the divisors where the zero points
+#   are one value);
+# - each piece is staged by stage_buffered (the remainder loop on the divisors, or the
+#   double loop when an element or a scale of the piece is outside the lanes), then
+#   finished by a float32 loop with the unit plan: the `_one` loop on a unit scale where
+#   the piece's zero points are one value (bit for bit: +0 and -0 differ), as the per
+#   tensor staging is, else the buffered loop on unit divisors and the piece's zero points.
+#   The `_one` loop reads no parameter per element: the layouts quantized symmetrically
+#   (zero points 0, and every float8 output) cost what a per-tensor call costs.
+# Runs of one scale of DATAPATH_DIRECT_RUN or more (per tensor, per axis along an outer
+# axis) stay on run_datapath_wide as before, with the unit plan made once per task.
+
+cdef struct StagedParameters:
+    # A DatapathParameters window whose divisors are the flushed float32 scales; whether
+    # each parameter's scale is outside the remainder loops' lane; whether the window's
+    # zero points are one value, bit for bit (then zero_value is it, as a double).
+    DatapathParameters w
+    bint any_unsafe
+    bint uniform
+    double zero_value
+    uint8_t unsafe[DATAPATH_PARAMETERS]
+
+
+cdef inline void staged_parameters(Py_ssize_t first, Py_ssize_t n, const QuantizePlan* p,
+                                   StagedParameters* c) noexcept nogil:
+    # Parameters [first, first + n) of the call's float32 scales and int32 or float32 zero
+    # points (call_plan: FEED_STAGED plans take the float32 paths' arrays, exact for the
+    # float32-valued scales these plans have): the scale as stage_remainder_*_vary reads
+    # it (float32, flushed) and its lane check, once per parameter (a NaN or inf scale's
+    # bits are above REMAINDER_S_END, a zero's below REMAINDER_S_MIN), the zero points as
+    # the float32 loops read them.
+    cdef float min_normal = p.dp32.scale_min_normal
+    cdef const float* scale = p.scale32 + first
+    cdef const int32_t* zero_int = p.zero_point_int + first
+    cdef const float* zero_float = p.zero_point32 + first
+    cdef float s
+    cdef uint32_t a, differ = 0
+    cdef uint8_t u, bad = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        s = flush_subnormal_f32(scale[i], min_normal)
+        c.w.divisor[i] = s
+        a = float_bits(s) & 0x7FFFFFFF
+        u = (a < <uint32_t>REMAINDER_S_MIN) | (a >= <uint32_t>REMAINDER_S_END)
+        c.unsafe[i] = u
+        bad |= u
+    c.any_unsafe = bad
+    if p.code_kind == CODE_INTEGER:
+        for i in range(n):
+            c.w.zero.as_int[i] = zero_int[i]
+            differ |= <uint32_t>(zero_int[i] ^ zero_int[0])
+        c.zero_value = <double>zero_int[0]
+    else:
+        for i in range(n):
+            c.w.zero.as_float[i] = zero_float[i]
+            differ |= float_bits(zero_float[i]) ^ float_bits(zero_float[0])
+        c.zero_value = <double>zero_float[0]
+    c.uniform = differ == 0
+
+
+cdef inline Py_ssize_t staged_parameters_at(StagedParameters* c, Py_ssize_t first, Py_ssize_t n,
+                                            Py_ssize_t n_params, const QuantizePlan* p) noexcept nogil:
+    # datapath_parameters_at for the staged window.
+    if first < c.w.first or first + n > c.w.first + c.w.count:
+        c.w.first = first
+        c.w.count = min(<Py_ssize_t>DATAPATH_PARAMETERS, n_params - first)
+        staged_parameters(first, c.w.count, p, c)
+    return first - c.w.first
+
+
+cdef inline bint staged_unsafe(const StagedParameters* c, Py_ssize_t at, Py_ssize_t n) noexcept nogil:
+    # Whether a scale among the window's [at, at + n) is outside the lane.
+    cdef Py_ssize_t k
+    cdef uint8_t bad = 0
+    if not c.any_unsafe:
+        return False
+    for k in range(at, at + n):
+        bad |= c.unsafe[k]
+    return bad != 0
+
+
+cdef inline void staged_piece(const x_storage_t* x, code_storage_t* y, Py_ssize_t n, const float* divisor,
+                              const int32_t* zero_int, const float* zero_float, bint zero_one,
+                              double zero_value, bint scale_unsafe, float* widened, float* staged,
+                              const QuantizePlan* p, const QuantizePlan* unit) noexcept nogil:
+    # zero_one: the piece's zero points are all zero_value (the `_one` loop), else the
+    # buffered loop reads them per element. Integer codes with one zero point: the fused
+    # loop (stage_round), one pass, and the two passes again where it refuses the piece.
+    cdef const float* source
+    cdef int32_t refused = 1
+    if x_storage_t is not int32_t:
+        if zero_one and not scale_unsafe and fused_staging_enabled:
+            if x_storage_t is uint16_t:
+                if p.x_format == FMT_FLOAT16:
+                    widen_float16(x, widened, n)
+                else:
+                    widen_bfloat16(x, widened, n)
+                source = widened
+            else:
+                source = x
+            if p.code_kind == CODE_INTEGER:
+                refused = stage_round(source, y, n, divisor, <int32_t>zero_value, p)
+            elif code_storage_t is uint8_t:
+                refused = stage_round_small_float(source, y, n, divisor, <float>zero_value, p)
+            if refused == 0:
+                count_quotient64(0)
+                count_fused()
+                return
+            scale_unsafe = True  # refused: the double loop (stage_buffered counts it)
+    stage_buffered(x, widened, staged, n, divisor, scale_unsafe, p)
+    if zero_one:
+        run_datapath_f32(staged, y, n, UNIT_SCALES, &zero_value, False, NULL, unit)
+    else:
+        run_datapath_f32_buffered(staged, y, n, UNIT_DIVISORS, zero_int, zero_float, NULL, unit)
+
+
+cdef inline void spread_divisors(float* out, const float* divisor, Py_ssize_t n_blocks,
+                                 Py_ssize_t block_size) noexcept nogil:
+    # spread_blocks for the divisors alone (inlined with a constant block_size)
+    cdef Py_ssize_t j, k
+    cdef float d
+    for j in range(n_blocks):
+        d = divisor[j]
+        for k in range(j * block_size, (j + 1) * block_size):
+            out[k] = d
+
+
+cdef inline void spread_whole_divisors(float* out, const float* divisor, Py_ssize_t n_blocks,
+                                       Py_ssize_t block_size) noexcept nogil:
+    if block_size == 16:
+        spread_divisors(out, divisor, n_blocks, 16)
+    elif block_size == 32:
+        spread_divisors(out, divisor, n_blocks, 32)
+    elif block_size == 64:
+        spread_divisors(out, divisor, n_blocks, 64)
+    else:
+        spread_divisors(out, divisor, n_blocks, 128)
+
+
+cdef inline double staged_zero_value(const StagedParameters* c, Py_ssize_t at, bint integer_codes) noexcept nogil:
+    return <double>c.w.zero.as_int[at] if integer_codes else <double>c.w.zero.as_float[at]
+
+
+cdef inline void quantize_datapath_staged(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
+                                          Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
+    # Elements [start, end) into y[0 : end - start] on a plan with FEED_STAGED (see above).
+    cdef StagedParameters window
+    cdef DatapathPending pending
+    cdef QuantizePlan unit
+    cdef float widened[DATAPATH_PIECE]
+    cdef float staged[DATAPATH_PIECE]
+    cdef Cursor c
+    cdef Segment seg
+    cdef Py_ssize_t n_params = layout_parameters(&p.layout)
+    cdef Py_ssize_t block_size = p.layout.block_size
+    cdef Py_ssize_t done, n, e, at, o, k, piece, piece_end, n_blocks
+    cdef float divisor, zero_float
+    cdef int32_t zero_int
+    cdef bint integer_codes = p.code_kind == CODE_INTEGER
+    cdef bint pending_unsafe = False
+    cdef bint pending_uniform = False  # the gathered runs' zero points are all pending_zero
+    cdef double pending_zero = 0.0
+    cdef double run_zero, scale_one, zero_one
+    cdef bint unsafe, run_uniform
+    unit_plan(p, &unit)
+    window.w.first = 0
+    window.w.count = 0
+    window.any_unsafe = False
+    window.uniform = False
+    window.zero_value = 0.0
+    if p.layout.granularity == BLOCKED and whole_blocks(&p.layout):
+        # quantize_datapath_f32_whole_blocks' pieces
+        piece = start
+        while piece < end:
+            piece_end = min(piece + <Py_ssize_t>DATAPATH_PIECE, end)
+            n_blocks = (piece_end - piece) // block_size
+            at = staged_parameters_at(&window, piece // block_size, n_blocks, n_params, p)
+            if window.uniform:
+                spread_whole_divisors(pending.divisor, window.w.divisor + at, n_blocks, block_size)
+            else:
+                spread_whole_blocks(&pending, &window.w, at, n_blocks, block_size, integer_codes)
+            staged_piece(x + piece, y + (piece - start), piece_end - piece, pending.divisor,
+                         pending.zero.as_int, pending.zero.as_float, window.uniform, window.zero_value,
+                         staged_unsafe(&window, at, n_blocks), widened, staged, p, &unit)
+            piece = piece_end
+        return
+    pending.start = start
+    pending.count = 0
+    cursor_at(&p.layout, start, end, &c)
+    while next_segment(&p.layout, &c, &seg):
+        if not seg.params_vary and seg.length >= DATAPATH_DIRECT_RUN:
+            # one scale: the `_one` staging as before, whole runs cut into its pieces
+            if pending.count:
+                staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
+                             pending.zero.as_int, pending.zero.as_float, pending_uniform, pending_zero, pending_unsafe,
+                             widened, staged, p, &unit)
+                pending.count = 0
+            scale_one = <double>p.scale32[seg.param_index]
+            if integer_codes:
+                zero_one = <double>p.zero_point_int[seg.param_index]
+            else:
+                zero_one = <double>p.zero_point32[seg.param_index]
+            run_datapath_wide_unit(x + seg.start, y + (seg.start - start), seg.length, &scale_one, &zero_one,
+                                   False, NULL, p, &unit)
+            continue
+        done = 0
+        while done < seg.length:
+            n = min(seg.length - done, <Py_ssize_t>DATAPATH_PIECE)
+            e = seg.start + done
+            if pending.count and (n >= DATAPATH_DIRECT_RUN or pending.count + n > DATAPATH_PIECE):
+                staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
+                             pending.zero.as_int, pending.zero.as_float, pending_uniform, pending_zero, pending_unsafe,
+                             widened, staged, p, &unit)
+                pending.count = 0
+            if n >= DATAPATH_DIRECT_RUN:
+                # per-element parameters (a shorter run of one scale is gathered below)
+                at = staged_parameters_at(&window, seg.param_index + done, n, n_params, p)
+                staged_piece(x + e, y + (e - start), n, window.w.divisor + at, window.w.zero.as_int + at,
+                             window.w.zero.as_float + at, window.uniform, window.zero_value,
+                             staged_unsafe(&window, at, n), widened, staged, p, &unit)
+            else:
+                o = pending.count
+                if seg.params_vary:
+                    at = staged_parameters_at(&window, seg.param_index + done, n, n_params, p)
+                    unsafe = staged_unsafe(&window, at, n)
+                    run_uniform = window.uniform
+                    run_zero = window.zero_value
+                    for k in range(n):
+                        pending.divisor[o + k] = window.w.divisor[at + k]
+                    if integer_codes:
+                        for k in range(n):
+                            pending.zero.as_int[o + k] = window.w.zero.as_int[at + k]
+                    else:
+                        for k in range(n):
+                            pending.zero.as_float[o + k] = window.w.zero.as_float[at + k]
+                else:
+                    at = staged_parameters_at(&window, seg.param_index, 1, n_params, p)
+                    unsafe = staged_unsafe(&window, at, 1)
+                    run_uniform = True
+                    run_zero = staged_zero_value(&window, at, integer_codes)
+                    divisor = window.w.divisor[at]
+                    for k in range(n):
+                        pending.divisor[o + k] = divisor
+                    if integer_codes:
+                        zero_int = window.w.zero.as_int[at]
+                        for k in range(n):
+                            pending.zero.as_int[o + k] = zero_int
+                    else:
+                        zero_float = window.w.zero.as_float[at]
+                        for k in range(n):
+                            pending.zero.as_float[o + k] = zero_float
+                if o == 0:
+                    pending.start = e
+                    pending_unsafe = unsafe
+                    pending_uniform = run_uniform
+                    pending_zero = run_zero
+                else:
+                    pending_unsafe = pending_unsafe | unsafe
+                    pending_uniform = (pending_uniform and run_uniform
+                                       and double_bits(run_zero) == double_bits(pending_zero))
+                pending.count += n
+            done += n
+    if pending.count:
+        staged_piece(x + pending.start, y + (pending.start - start), pending.count, pending.divisor,
+                     pending.zero.as_int, pending.zero.as_float, pending_uniform, pending_zero, pending_unsafe,
+                     widened, staged, p, &unit)
+
+
 cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssize_t start,
                                 Py_ssize_t end, const QuantizePlan* p) noexcept nogil:
     # Elements [start, end) into y[0 : end - start], PREFETCH_BLOCK elements at a time,
@@ -829,6 +1125,10 @@ cdef inline void quantize_range(const x_storage_t* x, code_storage_t* y, Py_ssiz
     if x_storage_t is float:
         if p.datapath_feed == FEED_BUFFERED:
             quantize_datapath_f32(x, y, start, end, p)
+            return
+    if x_storage_t is not int32_t:
+        if p.datapath_feed == FEED_STAGED:
+            quantize_datapath_staged(x, y, start, end, p)
             return
     if p.quotient64 == QUOTIENT64_REMAINDER:
         # The float32-remainder staging: whole runs, which run_datapath_wide cuts into its
@@ -1080,7 +1380,8 @@ cdef class QuantizeConfig:
         self.plan.datapath_wide = datapath_wide
         check_quotient64(quotient64, datapath_wide, &self.plan)
         self.plan.quotient64 = quotient64
-        self.plan.datapath_feed = FEED_BUFFERED if datapath_f32 else FEED_PIECES
+        self.plan.datapath_feed = (FEED_BUFFERED if datapath_f32 else
+                                   FEED_STAGED if quotient64 == QUOTIENT64_REMAINDER else FEED_PIECES)
         set_datapath_f32(&self.plan.dp32, &self.plan, small_float_id if code_kind != CODE_INTEGER else 0)
 
     @property
@@ -1088,13 +1389,31 @@ cdef class QuantizeConfig:
         """How the float32 datapath loops are fed: "whole blocks" (blocks of 16, 32, 64 or
         128 tiling the rows: quantize_datapath_f32_whole_blocks), "buffered"
         (quantize_datapath_f32: per tensor and the other per-axis and blocked layouts),
-        "pieces" (the general cursor: the scalar path, the staged loops, or
-        set_datapath_feed(False))."""
-        if self.plan.datapath_feed != FEED_BUFFERED or not datapath_feed_enabled:
+        "staged whole blocks" and "staged buffered" (the float32-remainder staging of float64
+        quotients fed as those: quantize_datapath_staged), "pieces" (the general cursor: the
+        scalar path, the other staged loops, set_datapath_feed(False) or
+        set_quotient64_remainder(False))."""
+        if self.plan.datapath_feed == FEED_PIECES or not datapath_feed_enabled:
             return "pieces"
+        if self.plan.datapath_feed == FEED_STAGED:
+            if not quotient64_remainder_enabled:
+                return "pieces"
+            if self.plan.layout.granularity == BLOCKED and whole_blocks(&self.plan.layout):
+                return "staged whole blocks"
+            return "staged buffered"
         if self.plan.layout.granularity == BLOCKED and whole_blocks(&self.plan.layout):
             return "whole blocks"
         return "buffered"
+
+    @property
+    def float32_parameters(self):
+        """Whether a call passes the float32 paths' parameter arrays (float32 scales, int32
+        zero points for integer codes, float32 for small floats) on this general-path plan:
+        the float32-remainder staging's buffered feeding reads those (its scales are
+        float32 values; converting half a million of them to float64 per call cost more
+        than a blocked 32 layout's staging). Read at each call (the test hooks)."""
+        return (self.plan.datapath_feed == FEED_STAGED and datapath_feed_enabled
+                and quotient64_remainder_enabled)
 
     @property
     def quotient64(self):
@@ -1166,22 +1485,25 @@ cdef QuantizePlan call_plan(QuantizeConfig config, object scale, object zero_poi
     cdef Py_ssize_t needed = layout_parameters(&p.layout)
     if size != p.layout.size:
         raise ValueError(f"x has {size} elements; the config's layout has {p.layout.size}")
-    p.scale, p.zero_point = NO_DOUBLE, NO_DOUBLE
-    p.scale32, p.zero_point32, p.zero_point_int = NO_FLOAT, NO_FLOAT, NO_INT32
-    if p.path == PATH_GENERAL:
-        p.scale = float64_parameters(scale, needed, "scales")
-        p.zero_point = float64_parameters(zero_point, needed, "zero points")
-    else:
-        p.scale32 = float32_parameters(scale, needed, "scales")
-        if p.path == PATH_F32_INTEGER:
-            p.zero_point_int = int32_parameters(zero_point, needed, "zero points")
-        else:
-            p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
-    p.random_bits = random_words(random_bits, config.stochastic, size, "")
     if not datapath_feed_enabled:
         p.datapath_feed = FEED_PIECES
     if not quotient64_remainder_enabled:
         p.quotient64 = QUOTIENT64_DOUBLE
+        if p.datapath_feed == FEED_STAGED:
+            p.datapath_feed = FEED_PIECES
+    p.scale, p.zero_point = NO_DOUBLE, NO_DOUBLE
+    p.scale32, p.zero_point32, p.zero_point_int = NO_FLOAT, NO_FLOAT, NO_INT32
+    # (config.float32_parameters: the staged feeding reads the float32 paths' arrays)
+    if p.path == PATH_GENERAL and p.datapath_feed != FEED_STAGED:
+        p.scale = float64_parameters(scale, needed, "scales")
+        p.zero_point = float64_parameters(zero_point, needed, "zero points")
+    else:
+        p.scale32 = float32_parameters(scale, needed, "scales")
+        if p.code_kind == CODE_INTEGER:
+            p.zero_point_int = int32_parameters(zero_point, needed, "zero points")
+        else:
+            p.zero_point32 = float32_parameters(zero_point, needed, "zero points")
+    p.random_bits = random_words(random_bits, config.stochastic, size, "")
     set_task_size(&p.layout, n_threads)
     # streamed_bytes: the size of an output written straight to y (0: a packed output,
     # built in an L1 buffer, is never streamed).
@@ -1231,6 +1553,26 @@ def set_quotient64_remainder(bint enabled):
     global quotient64_remainder_enabled
     previous = quotient64_remainder_enabled
     quotient64_remainder_enabled = enabled
+    return previous
+
+
+def count_fused_pieces():
+    """Test hook: the pieces the fused loop (stage_round) finished since the last call,
+    counted while count_quotient64_pieces(True) has counting on (they are among its
+    staged pieces too)."""
+    counted = quotient64_pieces[2]
+    quotient64_pieces[2] = 0
+    return counted
+
+
+def set_fused_staging(bint enabled):
+    """Test and benchmark hook: False stages every piece of the float32-remainder loops'
+    buffered feeding into a buffer and rounds it in a second pass; True (the default) lets
+    integer pieces with one zero point stage and round in one loop (stage_round). The same
+    bits either way. Returns the previous setting."""
+    global fused_staging_enabled
+    previous = fused_staging_enabled
+    fused_staging_enabled = enabled
     return previous
 
 

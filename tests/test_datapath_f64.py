@@ -711,3 +711,275 @@ def test_the_levels_run_their_own_remainder_loops():
                     assert_same_bits(got, want, f"{lv} {sc} {rounding} n_threads={n}")
     finally:
         _kernels.use(level)
+
+
+# ------------------------------- the remainder loops on per-axis and blocked layouts
+#
+# QUOTIENT64_REMAINDER plans are fed as the float32 loops are (quantize_datapath_staged in
+# pyx/_quantize.pyx, the plan's datapath_feed "staged buffered" / "staged whole blocks"):
+# the scales converted and lane-checked once per parameter, short runs gathered into
+# pieces, whole blocks spread, each piece staged by the remainder loop on float32
+# divisors (or the double loop where one of its elements or scales is outside the lanes)
+# and finished by the `_one` float32 loop (one zero point) or the buffered one. The layouts
+# below cross its constants: direct runs of 256 or more, pieces of 1024, gathered runs
+# (blocks, short rows, runs of one scale shorter than 256), ragged last blocks.
+
+STAGED_LAYOUTS = [
+    # (name, x shape, axis, block_size, feed)
+    ("per-axis 1, rows of 2100", (3, 2100), 1, 0, "staged buffered"),
+    ("per-axis 1, short rows", (30, 50), 1, 0, "staged buffered"),
+    ("per-axis 0, short runs", (200, 40), 0, 0, "staged buffered"),
+    ("blocked 32", (3, 2048), 1, 32, "staged whole blocks"),
+    ("blocked 24", (5, 300), 1, 24, "staged buffered"),
+    ("blocked 48, ragged", (3, 1000), 1, 48, "staged buffered"),
+    ("blocked 32 along axis 0", (70, 300), 0, 32, "staged buffered"),
+    ("blocked 4 along an inner axis", (3, 9, 100), 1, 4, "staged buffered"),
+]
+# scales that put an element outside the remainder loops' lanes whatever its x: a float32
+# subnormal (kept, or flushed to zero), zero, inf, NaN, 2**50 (not below 2**48)
+BAD_SCALES = [1e-39, 0.0, np.inf, np.nan, 2.0 ** 50]
+
+
+def staged_case(shape, axis, block_size, rng, hard):
+    """x and per-parameter scales: ordinary scales among scales of few significant bits
+    (exact quotients x = B * s on many elements of the first third); with `hard`, those
+    are mostly non-powers of two (an exact even quotient: the reciprocal's hard lane), one
+    parameter gets a scale outside the lanes and a few x are huge, tiny, NaN or inf."""
+    n = -(-shape[axis] // block_size) if block_size else shape[axis]
+    pshape = list(shape) if block_size else [shape[axis]]
+    if block_size:
+        pshape[axis] = n
+    scales = f32(rng.uniform(0.05, 3, pshape))
+    flat = scales.reshape(-1)
+    # few significant bits: many float32 x are exact multiples B * s; for the non-powers
+    # of two (hard only) also many random x, about one in 100 to 200 for 123/2048 and
+    # 105/64, an exact even quotient that sends its piece to the double loop: those on
+    # the first third of the parameters only)
+    few_bits = [123 / 2048, 117 / 128, 0.25, 105 / 64] if hard else [0.25, 2.0, 0.5, 1.0]
+    first = flat[:flat.size // 3 + 1]
+    first[1::5] = f32(few_bits)[rng.integers(0, 4, first[1::5].size)]
+    if hard:
+        flat[flat.size // 2] = BAD_SCALES[rng.integers(0, len(BAD_SCALES))]
+    from test_datapath_fast import _per_element
+    s = _per_element(scales, shape, axis, block_size).astype(np.float64)
+    s = np.where((s > 1e-30) & (s < 1e10), s, 1.0)  # (the bad scale's x: ordinary values)
+    x = rng.standard_normal(shape) * 30 * s
+    exact = np.round(x * 2 / s) / 2 * s  # B * s, kept where float32 holds it
+    pick = (rng.random(shape) < 0.3) & (exact.astype(np.float32).astype(np.float64) == exact)
+    # in the first third only: with a reciprocal, the pieces holding them go to the double
+    # loop, the others stay on the remainder loops
+    pick.reshape(-1)[x.size // 3:] = False
+    x = np.where(pick, exact, x).astype(np.float32)
+    x.reshape(-1)[::97] = 0.0
+    x.reshape(-1)[5::89] = -0.0
+    if hard:
+        where = rng.choice(1000, 5, replace=False)  # in the first piece
+        x.reshape(-1)[where] = f32([3e38, 2.0 ** -110, np.nan, -np.inf, -1e-40])
+    return x, scales
+
+
+def zero_points_for(out, scales, rng, uniform):
+    if out == "int8":
+        return np.full(scales.shape, -3, np.int8) if uniform else rng.integers(-20, 20, scales.shape).astype(np.int8)
+    if out == "uint8":
+        return np.full(scales.shape, 100, np.uint8) if uniform else rng.integers(90, 110, scales.shape).astype(np.uint8)
+    if out == "float8e4m3fn" and not uniform:
+        # +0 and -0: one value, two bit patterns (the sign of a zero quotient)
+        return rng.integers(0, 2, scales.shape).astype(np.uint8).__mul__(0x80).view(ml_dtypes.float8_e4m3fn)
+    return None
+
+
+def staged_feed(x, scale, out, dp, axis, block_size):
+    return quantize_module().QuantizeConfig(**plan_fields(x, scale, out, dp, axis=axis,
+                                                          block_size=block_size)).datapath_feed
+
+
+def test_the_plan_feeds_the_remainder_loops_buffered():
+    rng = np.random.default_rng(20)
+    for name, shape, axis, block_size, feed in STAGED_LAYOUTS:
+        x, scales = staged_case(shape, axis, block_size, rng, False)
+        for sc in ("divide", "reciprocal"):
+            dp = qemu_q.Datapath(rounding="up", scale=sc, scale_precision="float64")
+            assert staged_feed(x, scales, "int8", dp, axis, block_size) == feed, name
+            assert double_loop(lambda: staged_feed(x, scales, "int8", dp, axis, block_size)) == "pieces"
+    x = np.ones((4, 64), np.float32)
+    dp = qemu_q.Datapath(rounding="up", scale_precision="float64")
+    assert staged_feed(x, np.float32(0.37), "int8", dp, 1, 0) == "staged buffered"  # per tensor: long runs
+    assert staged_feed(x.astype(np.float16), np.ones(64, np.float16), "float8e4m3fn", dp, 1, 0) == "staged buffered"
+    # int32 x (the double loop) and stochastic (datapath_one) keep the cursor's pieces
+    assert staged_feed(x.astype(np.int32), np.ones(64, np.float32), "int8", dp, 1, 0) == "pieces"
+    stochastic = qemu_q.Datapath(rounding="stochastic", scale_precision="float64")
+    assert staged_feed(x, np.ones(64, np.float32), "int8", stochastic, 1, 0) == "pieces"
+    assert plan_fields(x, np.ones(64, np.float32), "int8", stochastic, axis=1)["datapath_wide"] == WIDE_NONE
+
+
+@pytest.mark.parametrize("scale_mode", ["divide", "reciprocal"])
+@pytest.mark.parametrize("hard", [False, True], ids=["ordinary", "hard"])
+def test_remainder_loops_on_layouts_same_bits_as_datapath_one(scale_mode, hard):
+    # every layout, every mode but stochastic, integer and small-float outputs, one and
+    # several zero points, the flushes; against datapath_one and the double loop, and the
+    # pieces counted: the remainder loops ran, and only the pieces with a hard element or a
+    # bad scale went to the double loop
+    rng = np.random.default_rng(21 + hard)
+    outs = ["int8", "uint8", "int4", "float8e4m3fn", "float8e5m2"]
+    subs = ["keep", "flush_inputs", "flush_outputs", "flush_both"]
+    for i, (name, shape, axis, block_size, feed) in enumerate(STAGED_LAYOUTS):
+        x, scales = staged_case(shape, axis, block_size, rng, hard)
+        for j, rounding in enumerate(ROUNDINGS):
+            k = i + j
+            out = outs[k % len(outs)]
+            zero_point = zero_points_for(out, scales, rng, uniform=k % 2 == 0)
+            dp = qemu_q.Datapath(rounding=rounding, scale=scale_mode, scale_precision="float64",
+                                 subnormals=subs[k % len(subs)])
+
+            def run():
+                return qemu_q.quantize_linear(x, scales, zero_point, output_dtype=out, datapath=dp, axis=axis,
+                                              block_size=block_size)
+            got, (staged, fell_back) = counted(run)
+            what = f"{name} {out} {dp}"
+            # (short rows: the bad scale is in every row, so in every gathered piece)
+            assert staged > 0 or (hard and name == "per-axis 1, short rows"), what
+            if hard:
+                assert fell_back > 0, what
+            elif scale_mode == "divide":
+                assert fell_back == 0, what  # (the reciprocal: exact quotients of the first third)
+            assert_same_bits(got, reference(run), what)
+            assert_same_bits(got, double_loop(run), what)
+
+
+def test_one_bad_scale_sends_its_piece_to_the_double_loop():
+    # The per-parameter lane check: ordinary x everywhere (every element on the remainder
+    # loops' lanes but for the scale), one block's scale outside them, kept subnormal
+    # (x / s is then an ordinary quotient: only the scale's check sees it). Whole blocks of
+    # 32 in pieces of 1024 (one thread, 4 pieces): the block's piece alone falls back.
+    rng = np.random.default_rng(22)
+    x = f32(rng.standard_normal((2, 2048)) * 30)
+    for bad in BAD_SCALES:
+        scales = f32(rng.uniform(0.05, 3, (2, 64)))
+        scales[1, 40] = bad
+        xb = x.copy()
+        xb[1, 40 * 32:41 * 32] *= np.float32(1e-39) if bad == 1e-39 else np.float32(1)
+        for sc in ("divide", "reciprocal"):
+            dp = qemu_q.Datapath(rounding="half_away", scale=sc, scale_precision="float64")
+
+            def run():
+                return qemu_q.quantize_linear(xb, scales, output_dtype="float8e4m3fn", datapath=dp, axis=1,
+                                              block_size=32, n_threads=1)
+            got, counts = counted(run)
+            assert counts == (3, 1), (bad, sc, counts)
+            assert_same_bits(got, reference(run), f"{bad} {sc}")
+
+
+@pytest.mark.parametrize("out", ["int8", "float8e4m3fn"])
+def test_remainder_loops_on_layouts_against_the_oracle(out):
+    # a pool of scales (few oracle calls), blocked 24 with a ragged last block and per
+    # axis 1 with short rows, exact quotients on the ties
+    from test_datapath_fast import _oracle_by_parameter
+    rng = np.random.default_rng(23)
+    pool = [0.37, 123 / 2048, 1 / 3, 0.25]
+    zero_point_pool = np.array([-3, 7], np.int8)
+    for (shape, axis, block_size), sc, rounding in zip(
+            [((4, 100), 1, 24), ((20, 30), 1, 0)], ("divide", "reciprocal"), ("half_away", "to_odd")):
+        n = -(-shape[axis] // block_size) if block_size else shape[axis]
+        pshape = (shape[0], n) if block_size else (n,)
+        # (123/2048 makes one random x in ~250 an exact even quotient: not with the reciprocal)
+        use = pool if sc == "divide" else [0.37, 0.1, 1 / 3, 0.25]
+        scales = f32(np.asarray(use)[rng.integers(0, len(use), pshape)])
+        zero_point = zero_point_pool[rng.integers(0, 2, pshape)] if out == "int8" else None
+        from test_datapath_fast import _per_element
+        s = _per_element(scales, shape, axis, block_size).astype(np.float64)
+        # on the ties and beside them (the reciprocal: beside only, where exact quotients
+        # of a non-power-of-two scale send the pieces to the double loop)
+        offsets = [0, 2.0 ** -20, -(2.0 ** -20)] if sc == "divide" else [2.0 ** -18, -(2.0 ** -18)]
+        q = np.round(rng.uniform(-60, 60, shape) * 2) / 2 + rng.choice(offsets, shape)
+        x = f32(q * s)
+        if sc == "reciprocal":
+            # a float32 x that lands on an exact quotient of a non-power-of-two scale moved
+            # off it (a hard lane: the piece would go to the double loop)
+            z = x.astype(np.float64) / s
+            on_grid = (z * s == x) & (z.astype(np.float32) == z) & (s != 0.25)
+            x = np.where(on_grid, np.nextafter(x, np.float32(np.inf)), x)
+        dp = {"rounding": rounding, "scale": sc, "scale_precision": "float64"}
+        got, (staged, _) = counted(lambda: qemu_q.quantize_linear(
+            x, scales, zero_point, output_dtype=out, datapath=qemu_q.Datapath(**dp), axis=axis,
+            block_size=block_size))
+        assert staged > 0, (shape, dp, _)
+        want = _oracle_by_parameter(x, scales, zero_point, out, dp, None, axis, block_size)
+        check(got, want, f"{shape} {dp}")
+
+
+def test_remainder_loops_on_layouts_threads_and_levels():
+    # every level the machine runs, 1-3 threads, float32 and float16 x, against
+    # datapath_one
+    rng = np.random.default_rng(24)
+    level = _kernels.active.level
+    cases = []
+    for name, shape, axis, block_size, _ in (STAGED_LAYOUTS[0], STAGED_LAYOUTS[3], STAGED_LAYOUTS[4]):
+        x, scales = staged_case(shape, axis, block_size, rng, True)
+        cases.append((x, scales, axis, block_size, "int8", "reciprocal"))
+    x16 = f32(rng.standard_normal((6, 700)) * 30).astype(np.float16)
+    cases.append((x16, f32(rng.uniform(0.05, 3, 700)).astype(np.float16), 1, 0, "float8e4m3fn", "divide"))
+    try:
+        for x, scales, axis, block_size, out, sc in cases:
+            dp = qemu_q.Datapath(rounding="half_down", scale=sc, scale_precision="float64")
+
+            def run(n=None):
+                return qemu_q.quantize_linear(x, scales, output_dtype=out, datapath=dp, axis=axis,
+                                              block_size=block_size, n_threads=n)
+            want = reference(run)
+            for lv in LEVELS:
+                _kernels.use(lv)
+                assert staged_feed(x, scales, out, dp, axis, block_size).startswith("staged"), lv
+                for n in (1, 2, 3):
+                    got, (staged, _) = counted(lambda: run(n))
+                    assert staged > 0, (lv, n)
+                    assert_same_bits(got, want, f"{lv} {x.dtype} {axis} {block_size} n_threads={n}")
+    finally:
+        _kernels.use(level)
+
+
+@pytest.mark.parametrize("scale_mode", ["divide", "reciprocal"])
+def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
+    # Pieces with one zero point (integer codes: symmetric, or one value everywhere; the
+    # ONNX small floats: +0 or -0 everywhere) are staged and rounded in one loop
+    # (stage_round, stage_round_small_float); set_fused_staging(False) stages into a buffer and
+    # rounds in a second pass. Every mode, the flushes, hard and ordinary data, a piece the
+    # fused loop refuses (then the double loop), 1 and 2 threads.
+    module = quantize_module()
+    rng = np.random.default_rng(25)
+    subs = ["keep", "flush_inputs", "flush_outputs", "flush_both"]
+    for hard in (False, True):
+        for i, (name, shape, axis, block_size, _) in enumerate(STAGED_LAYOUTS):
+            x, scales = staged_case(shape, axis, block_size, rng, hard)
+            for j, rounding in enumerate(ROUNDINGS):
+                out = ("int8", "uint8", "int4", "int16", "float8e4m3fn", "float8e5m2", "float8e4m3fnuz")[(i + j) % 7]
+                zero_point = {"int8": np.full(scales.shape, -3, np.int8),
+                              "uint8": np.full(scales.shape, 128, np.uint8)}.get(out)
+                dp = qemu_q.Datapath(rounding=rounding, scale=scale_mode, scale_precision="float64",
+                                     subnormals=subs[(i + j) % 4], nan_to_integer=("min", "zero", "max")[j % 3])
+
+                def run():
+                    return qemu_q.quantize_linear(x, scales, zero_point, output_dtype=out, datapath=dp, axis=axis,
+                                                  block_size=block_size, n_threads=1 + j % 2)
+                module.count_fused_pieces()
+                got, (staged, fell_back) = counted(run)
+                fused = module.count_fused_pieces()
+                what = f"{name} {out} {dp} hard={hard}"
+                assert 0 < fused <= staged or (hard and staged == 0), what
+                previous = module.set_fused_staging(False)
+                try:
+                    two_passes, _ = counted(run)
+                    assert module.count_fused_pieces() == 0
+                finally:
+                    module.set_fused_staging(previous)
+                assert_same_bits(got, two_passes, what)
+                assert_same_bits(got, reference(run), what)
+    # several zero points (+0 and -0 are two): the two passes
+    x, scales = staged_case((3, 2048), 1, 32, rng, False)
+    dp = qemu_q.Datapath(scale=scale_mode, scale_precision="float64")
+    for zero_point, out in ((rng.integers(-5, 5, scales.shape).astype(np.int8), "int8"),
+                            (zero_points_for("float8e4m3fn", scales, rng, uniform=False), "float8e4m3fn")):
+        module.count_fused_pieces()
+        got, (staged, _) = counted(lambda: qemu_q.quantize_linear(x, scales, zero_point, output_dtype=out,
+                                                                  datapath=dp, axis=1, block_size=32))
+        assert staged > 0 and module.count_fused_pieces() == 0, out

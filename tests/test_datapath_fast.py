@@ -573,8 +573,10 @@ def test_per_axis_and_blocked_datapaths_take_the_buffered_feed():
         assert _config_feed(x, np.float32(0.5), out, dp) == "buffered"
         # the default datapath and the scalar datapath_one keep the cursor's pieces
         assert _config_feed(x, np.ones(10, np.float32), out, qemu_q.Datapath(), axis=2) == "pieces"
+        # float64 quotients: the float32-remainder staging's own buffered feeding
+        # (tests/test_datapath_f64.py)
         assert _config_feed(x, np.ones(10, np.float32), out, qemu_q.Datapath(scale_precision="float64"),
-                            axis=2) == "pieces"
+                            axis=2) == "staged buffered"
     previous = _feeds(False)
     try:
         assert all(previous.values())

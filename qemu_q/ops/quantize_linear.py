@@ -305,7 +305,10 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
             zero_point = zero_codes_as_values(zero_point, out_type, plan.label, "y_zero_point")
     check_zero_point_values(zero_point, out_type, plan.label, "y_zero_point")
     config = plan.kernel_config()
-    params = kernel_parameters(scale, zero_point, scale.size, -0.0, config.path != PATH_GENERAL,
+    # float32 arrays for the float32 paths, and for the float64 quotients' staged feeding
+    # of float32-valued scales (QuantizeConfig.float32_parameters)
+    params = kernel_parameters(scale, zero_point, scale.size, -0.0,
+                               config.path != PATH_GENERAL or config.float32_parameters,
                                zero_point_int=out_type.kind == "integer")
     flat_x = flat_storage(x, plan.x_type)
     if packed and out_type.packed:
