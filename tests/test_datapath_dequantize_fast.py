@@ -274,7 +274,8 @@ def test_threads_and_levels_agree_on_the_fast_loops():
     try:
         for lv, threads in itertools.product(LEVELS, (1, 2, 3)):
             _kernels.use(lv)
-            for out, rounding in (("float32", "half_down"), ("float16", "stochastic"), ("bfloat16", "to_odd")):
+            for out, rounding in (("float32", "half_down"), ("float16", "stochastic"), ("bfloat16", "to_odd"),
+                                  ("float32", "stochastic"), ("float32", "up")):
                 datapath = qemu_q.Datapath(rounding=rounding, subnormals="flush_outputs")
                 w = words if rounding == "stochastic" else None
                 results.append(((out, rounding), lv, threads,
