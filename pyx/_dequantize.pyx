@@ -19,7 +19,7 @@ from _codecs cimport (
     pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_HALF_AWAY,
     DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD, DP_STOCHASTIC,
     double_bits, bits_double, float_bits, select_i32, select_i64, select_f64, stochastic_carry_f64,
-    stochastic_carry_f32, product_residual_f32,
+    product_residual_f32,
     float16_bits_of_value, bfloat16_bits_of_value, flush_subnormal_f32, flush_subnormal_f64,
 )
 from _layout cimport (
