@@ -54,7 +54,6 @@ cdef struct DatapathRounding:
 cdef struct FusedF32:
     int code_shift             # integer codes in bytes: 32 - bits (see integer_code)
     float x_min                # small-float codes below it are read as zeros (0: none)
-    float scale_min            # scales below it are read as zeros (0: none)
     SmallFloat32Decoder decoder
 
 
@@ -797,7 +796,6 @@ cdef class DequantizeConfig:
         p.fused_vary = fused_f32_loop_for(p.rounding, kind, True)
         p.fused.code_shift = self.plan.code_shift
         p.fused.x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
-        p.fused.scale_min = <float>p.scale_min_normal if p.flush_inputs else <float>0.0
         p.fused.decoder = self.plan.decoder
         self.code_size = code_size
         self.code_bits = code_bits
@@ -884,6 +882,15 @@ cdef int check_out_storage(int out_format, bint is_float) except -1:
     return 0
 
 
+cdef object flushed_scales(object scale, double min_normal):
+    # The one-pass float32 loops read the scales flushed (subnormals="flush_inputs": an
+    # x_scale below its type's smallest normal is a zero of its sign) once per call, not
+    # per element. float32 values: the threshold (2**-126, 2**-14) is a float32.
+    values = np.ascontiguousarray(scale, dtype=np.float32)
+    return np.where(np.abs(values) < np.float32(min_normal), np.copysign(np.float32(0.0), values),
+                    values).astype(np.float32)
+
+
 cdef int run_call(const void* x, int x_size, int bits, object scale, object zero_point,
                   y_storage_t[::1] out, DequantizeConfig config, int n_threads,
                   object random_bits) except -1:
@@ -894,6 +901,9 @@ cdef int run_call(const void* x, int x_size, int bits, object scale, object zero
     cdef DequantizeWork work
     check_out_storage(config.plan.out_format, y_storage_t is float)
     check_aligned(&out[0], sizeof(y_storage_t), "out")
+    if config.plan.fused_f32 and config.plan.flush_inputs:
+        # held here, for the whole call
+        scale = flushed_scales(scale, config.plan.scale_min_normal)
     p = call_plan(config, scale, zero_point, random_bits, size, sizeof(y_storage_t), n_threads)
     work.x = x
     work.y = &out[0]
