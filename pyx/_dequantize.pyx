@@ -455,8 +455,9 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
     cdef fused_f32_loop loop
     cdef const uint32_t* words
     cdef float flush_below = <float>p.round_fields.flush_below
-    # only half_even's pieces can hold a NaN: the other loops flag a NaN product
-    cdef bint canonical = p.canonical_nan and p.rounding == DP_HALF_EVEN
+    # a NaN result comes from half_even's loops and from NaN small-float codes; the other
+    # loops hand a NaN product of finite operands back
+    cdef bint canonical = p.canonical_nan and (p.rounding == DP_HALF_EVEN or p.small_float_bytes)
     cdef float nan = bits_float(p.nan_bits)
     if dq_code_t is int32_t:
         return  # not a fast datapath plan (the config refuses it)
