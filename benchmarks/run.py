@@ -961,7 +961,8 @@ DQ_DATAPATH_OPTIONS = [
 ]
 # (name, code type, layout) of the 16M DequantizeLinear cases (as dq_int8_tensor,
 # dq_int8_axis1, dq_f8e4m3fn, dq_int4_block32 of CASES)
-DQ_DATAPATH_CASES = [("int8 per-tensor", "int8", "tensor"), ("int8 per-axis 1", "int8", "axis1"),
+DQ_DATAPATH_CASES = [("int8 per-tensor", "int8", "tensor"), ("int8 per-axis 0", "int8", "axis0"),
+                     ("int8 per-axis 1", "int8", "axis1"),
                      ("e4m3fn per-tensor", "float8e4m3fn", "tensor"),
                      ("int4 packed blocked 32", "int4", "block32")]
 
@@ -1062,9 +1063,12 @@ def main(argv=None):
                         "datapath (the 16M DequantizeLinear cases into float32 and float16; with "
                         "--datapath-options: names of DQ_DATAPATH_OPTIONS; with --cases: names of "
                         "DQ_DATAPATH_CASES)")
+    p.add_argument("--dq-outputs", default="float32,float16",
+                   help="with --dq-datapath: comma-separated output types (default float32,float16)")
     args = p.parse_args(argv)
     if args.dq_datapath:
         return run_dq_datapath(args.threads, args.repeat, args.rows, args.cols,
+                               outputs=tuple(args.dq_outputs.split(",")),
                                only=args.datapath_options.split(",") if args.datapath_options else None,
                                cases=args.cases.split(",") if args.cases else None)
     if args.datapath:

@@ -1231,6 +1231,26 @@ cdef extern from *:
     float division_remainder_f32 "qemu_q_division_remainder_f32" (float x, float q, float s) noexcept nogil
 
 
+# The error of a float32 product, for DequantizeLinear's one-pass float32 datapath loops
+# (_dequantize_datapath_loops.pxi.tp; docs/semantics.md, "DequantizeLinear under a
+# datapath"): f = RN32(d * s) and e = d * s - f, the product's error-free transformation
+# (e exact whenever it is a float32, which holds for the lanes those loops keep: f finite
+# and d an integer below 2**17, or |f| >= 2**-100). fmaf where the level has FMA, else the
+# double form: d * s is exact in double (at most 17 + 24 bits), and so is its difference
+# with f (a multiple of its last bit, below f's ulp), so one rounding to float32 gives e.
+cdef extern from *:
+    """
+    QEMU_Q_ALWAYS_INLINE float qemu_q_product_residual_f32(float d, float s, float f) {
+    #if defined(__FMA__)
+        return fmaf(d, s, -f);
+    #else
+        return (float)((double)d * (double)s - (double)f);
+    #endif
+    }
+    """
+    float product_residual_f32 "qemu_q_product_residual_f32" (float d, float s, float f) noexcept nogil
+
+
 cdef inline float quotient_rounded_to_odd(float x, float q, float r) noexcept nogil:
     # q = RN32(x / s) and r = x - q * s (exact): the exact quotient x / s rounded to odd at
     # 24 bits, i.e. its truncation to 24 bits with the last bit set when inexact. r = 0:

@@ -19,6 +19,7 @@ from _codecs cimport (
     pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_HALF_AWAY,
     DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD, DP_STOCHASTIC,
     double_bits, bits_double, float_bits, select_i32, select_i64, select_f64, stochastic_carry_f64,
+    product_residual_f32,
     float16_bits_of_value, bfloat16_bits_of_value, flush_subnormal_f32, flush_subnormal_f64,
 )
 from _layout cimport (
@@ -49,6 +50,22 @@ cdef struct DatapathRounding:
     uint32_t nan_bits
 
 
+# What the one-pass float32 loops read (fused_f32_*, DequantizePlan.fused).
+cdef struct FusedF32:
+    int code_shift             # integer codes in bytes: 32 - bits (see integer_code)
+    float x_min                # small-float codes below it are read as zeros (0: none)
+    SmallFloat32Decoder decoder
+
+
+cdef enum:
+    # The code kinds of the one-pass float32 loops (fused_f32_loop_for).
+    FUSED_SBYTE = 0
+    FUSED_UBYTE = 1
+    FUSED_SWORD = 2
+    FUSED_UWORD = 3
+    FUSED_SMALL = 4
+
+
 include "_dequantize_datapath_loops.pxi"
 
 
@@ -58,6 +75,13 @@ ctypedef fused dq_code_t:
     uint8_t
     uint16_t
     int32_t
+
+
+# The parameters the staged datapath loop reads: float64, or float32 where the plan
+# converted them so for the one-pass float32 loops (exact either way).
+ctypedef fused param_t:
+    float
+    double
 
 
 # Integer codes of 8 bits or fewer into float32, written with streaming stores straight
@@ -149,6 +173,14 @@ cdef struct DequantizePlan:
     int32_t code_wrap          # added to a negative sign-extended code of an unsigned type
     datapath_round_loop round_loop
     DatapathRounding round_fields
+    # float32 outputs of the fast datapath: one pass per mode, code kind and parameter
+    # layout (fused_one, fused_vary) on float32 parameters; the pieces those loops flag
+    # go through datapath_products and round_loop (unless not fused_fallback: tests only).
+    bint fused_f32
+    bint fused_fallback
+    fused_f32_loop fused_one
+    fused_f32_loop fused_vary
+    FusedF32 fused
 
 
 cdef inline float code_value(dq_code_t c, const float* table, bint signed16) noexcept nogil:
@@ -334,7 +366,7 @@ cdef inline void run_datapath(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, 
 
 
 cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssize_t n,
-                                   const double* scale, const double* zero_point, bint params_vary,
+                                   const param_t* scale, const param_t* zero_point, bint params_vary,
                                    const DequantizePlan* p) noexcept nogil:
     # The first of the datapath's two loops: (x - zero_point) * scale, exact in double
     # (a code of at most 17 significant bits, or a small float of at most 8, times a
@@ -345,8 +377,8 @@ cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssiz
     cdef Py_ssize_t i
     cdef double scale_min = p.scale_min_normal if p.flush_inputs else 0.0
     cdef float x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
-    cdef double s = flush_subnormal_f64(scale[0], scale_min)
-    cdef double z = zero_point[0]
+    cdef double s = flush_subnormal_f64(<double>scale[0], scale_min)
+    cdef double z = <double>zero_point[0]
     cdef double d
     cdef int shift = p.code_shift
     cdef int32_t wrap = p.code_wrap
@@ -358,8 +390,8 @@ cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssiz
         if p.small_float_bytes:
             if params_vary:
                 for i in range(n):
-                    d = <double>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - zero_point[i]
-                    products[i] = select_f64(d == d, d * flush_subnormal_f64(scale[i], scale_min), d)
+                    d = <double>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - <double>zero_point[i]
+                    products[i] = select_f64(d == d, d * flush_subnormal_f64(<double>scale[i], scale_min), d)
             else:
                 for i in range(n):
                     d = <double>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - z
@@ -368,7 +400,7 @@ cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssiz
             for i in range(n):
                 c = integer_code(x[i], shift, True)
                 c = c + ((c >> 31) & wrap)
-                products[i] = (<double>c - zero_point[i]) * flush_subnormal_f64(scale[i], scale_min)
+                products[i] = (<double>c - <double>zero_point[i]) * flush_subnormal_f64(<double>scale[i], scale_min)
         else:
             for i in range(n):
                 c = integer_code(x[i], shift, True)
@@ -379,7 +411,7 @@ cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssiz
             for i in range(n):
                 c = <int16_t>x[i]
                 c = c + ((c >> 31) & wrap)
-                products[i] = (<double>c - zero_point[i]) * flush_subnormal_f64(scale[i], scale_min)
+                products[i] = (<double>c - <double>zero_point[i]) * flush_subnormal_f64(<double>scale[i], scale_min)
         else:
             for i in range(n):
                 c = <int16_t>x[i]
@@ -387,70 +419,18 @@ cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssiz
                 products[i] = (<double>c - z) * s
 
 
-cdef inline void datapath_nearest_f32(const dq_code_t* x, float* y, Py_ssize_t n, const double* scale,
-                                      const double* zero_point, bint params_vary,
-                                      const DequantizePlan* p) noexcept nogil:
-    # float32 outputs rounded to nearest even (the options that keep the mode: scale
-    # precision, flushes, canonical NaN): as on the ONNX path, x - zero_point is exact in
-    # float32 (at most 17 bits, or a small float less +-0) and its float32 product with
-    # the scale (a float32 value) is the exact product rounded once, to inf beyond the
-    # largest finite; a float32 or float64 scale_precision rounds that exact product to
-    # itself first. Then the result's flush and NaN code, in one pass.
+cdef inline void finish_f32(float* y, Py_ssize_t n, float flush_below, bint canonical,
+                            float nan) noexcept nogil:
+    # What the one-pass loops leave to a second pass over the piece they wrote (in L1):
+    # the result's flush (tininess after rounding: on the rounded value) and NaN code,
+    # only where the datapath asks for them, so that the other options do not pay.
     cdef Py_ssize_t i
-    cdef double scale_min = p.scale_min_normal if p.flush_inputs else 0.0
-    cdef float x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
-    cdef float flush_below = <float>p.round_fields.flush_below
-    cdef bint canonical = p.canonical_nan
-    cdef float nan = bits_float(p.nan_bits)
-    cdef float s = <float>flush_subnormal_f64(scale[0], scale_min)
-    cdef float z = <float>zero_point[0]
-    cdef float d, v
-    cdef int shift = p.code_shift
-    cdef int32_t wrap = p.code_wrap
-    cdef int32_t c
-    cdef SmallFloat32Decoder dec = p.decoder
-    if dq_code_t is int32_t:
-        return  # not a fast datapath plan (the config refuses it)
-    elif dq_code_t is uint8_t:
-        if p.small_float_bytes:
-            if params_vary:
-                for i in range(n):
-                    d = flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - <float>zero_point[i]
-                    v = select_f32(d == d, d * <float>flush_subnormal_f64(scale[i], scale_min), d)
-                    y[i] = nearest_f32_result(v, flush_below, canonical, nan)
-            else:
-                for i in range(n):
-                    d = flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - z
-                    y[i] = nearest_f32_result(select_f32(d == d, d * s, d), flush_below, canonical, nan)
-        elif params_vary:
-            for i in range(n):
-                c = integer_code(x[i], shift, True)
-                d = <float>(c + ((c >> 31) & wrap)) - <float>zero_point[i]
-                y[i] = nearest_f32_result(d * <float>flush_subnormal_f64(scale[i], scale_min), flush_below,
-                                          canonical, nan)
-        else:
-            for i in range(n):
-                c = integer_code(x[i], shift, True)
-                d = <float>(c + ((c >> 31) & wrap)) - z
-                y[i] = nearest_f32_result(d * s, flush_below, canonical, nan)
-    else:
-        if params_vary:
-            for i in range(n):
-                c = <int16_t>x[i]
-                d = <float>(c + ((c >> 31) & wrap)) - <float>zero_point[i]
-                y[i] = nearest_f32_result(d * <float>flush_subnormal_f64(scale[i], scale_min), flush_below,
-                                          canonical, nan)
-        else:
-            for i in range(n):
-                c = <int16_t>x[i]
-                d = <float>(c + ((c >> 31) & wrap)) - z
-                y[i] = nearest_f32_result(d * s, flush_below, canonical, nan)
-
-
-cdef inline float nearest_f32_result(float v, float flush_below, bint canonical, float nan) noexcept nogil:
-    # the result's flush (a zero of its sign) and NaN code
-    v = flush_subnormal_f32(v, flush_below)
-    return select_f32(canonical & (v != v), nan, v)
+    if flush_below > 0:
+        for i in range(n):
+            y[i] = flush_subnormal_f32(y[i], flush_below)
+    if canonical:
+        for i in range(n):
+            y[i] = select_f32(y[i] != y[i], nan, y[i])
 
 
 cdef inline void round_products(const double* products, void* y, Py_ssize_t n, Py_ssize_t first,
@@ -459,6 +439,46 @@ cdef inline void round_products(const double* products, void* y, Py_ssize_t n, P
     # first product's element in the whole x (where its random word is).
     p.round_loop(products, y, n, p.random_bits + first if p.random_bits != NULL else NULL,
                  &p.round_fields)
+
+
+cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize_t start,
+                                          Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
+    # datapath_fast_range into float32: each segment in pieces of DATAPATH_CHUNK through
+    # the one-pass loop of the mode, code kind and parameter layout; a piece that loop
+    # flags (infinite or NaN products, tiny ones it cannot decide) is recomputed by the
+    # staged loops, which take every product.
+    cdef double products[DATAPATH_CHUNK]
+    cdef Cursor c
+    cdef Segment seg
+    cdef Py_ssize_t offset, k, params, at
+    cdef int32_t unsafe
+    cdef fused_f32_loop loop
+    cdef const uint32_t* words
+    cdef float flush_below = <float>p.round_fields.flush_below
+    # a NaN result comes from half_even's loops and from NaN small-float codes; the other
+    # loops hand a NaN product of finite operands back
+    cdef bint canonical = p.canonical_nan and (p.rounding == DP_HALF_EVEN or p.small_float_bytes)
+    cdef float nan = bits_float(p.nan_bits)
+    if dq_code_t is int32_t:
+        return  # not a fast datapath plan (the config refuses it)
+    cursor_at(&p.layout, start, end, &c)
+    while next_segment(&p.layout, &c, &seg):
+        loop = p.fused_vary if seg.params_vary else p.fused_one
+        offset = 0
+        while offset < seg.length:
+            k = min(seg.length - offset, <Py_ssize_t>DATAPATH_CHUNK)
+            at = seg.start + offset
+            params = seg.param_index + (offset if seg.params_vary else 0)
+            words = p.random_bits + at if p.random_bits != NULL else NULL
+            unsafe = loop(x + (at - start), y + (at - start), k, p.scale32 + params,
+                          p.zero_point32 + params, words, &p.fused)
+            if unsafe and p.fused_fallback:
+                datapath_products(x + (at - start), products, k, p.scale32 + params,
+                                  p.zero_point32 + params, seg.params_vary, p)
+                round_products(products, y + (at - start), k, at, p)
+            else:
+                finish_f32(y + (at - start), k, flush_below, canonical, nan)
+            offset += k
 
 
 cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
@@ -472,14 +492,11 @@ cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssiz
     cdef Py_ssize_t filled = 0
     cdef Py_ssize_t done = start
     cdef Py_ssize_t offset, k, params
-    cursor_at(&p.layout, start, end, &c)
     if y_storage_t is float:
-        if p.rounding == DP_HALF_EVEN:
-            while next_segment(&p.layout, &c, &seg):
-                datapath_nearest_f32(x + (seg.start - start), y + (seg.start - start), seg.length,
-                                     p.scale + seg.param_index, p.zero_point + seg.param_index,
-                                     seg.params_vary, p)
+        if p.fused_f32:
+            datapath_fused_f32_range(x, y, start, end, p)
             return
+    cursor_at(&p.layout, start, end, &c)
     while next_segment(&p.layout, &c, &seg):
         offset = 0
         while offset < seg.length:
@@ -692,7 +709,7 @@ cdef class DequantizeConfig:
                  int out_format, bint fast, bint float32_parameters, bint datapath=False,
                  int rounding=DP_HALF_EVEN, int scale_precision=0, bint flush_inputs=False,
                  bint flush_outputs=False, bint canonical_nan=False, double x_min_normal=0.0,
-                 double scale_min_normal=0.0, bint fast_datapath=False):
+                 double scale_min_normal=0.0, bint fast_datapath=False, bint fused_fallback=True):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if table.shape[0] != 256:
@@ -703,10 +720,11 @@ cdef class DequantizeConfig:
             raise ValueError(f"integer_bits {integer_bits}, small_float_id {small_float_id}")
         if out_format not in (FMT_FLOAT32, FMT_FLOAT16, FMT_BFLOAT16):
             raise ValueError(f"out_format {out_format} is not an output format")
-        if float32_parameters != (code_size <= 2 and out_format == FMT_FLOAT32 and not datapath
+        if float32_parameters != (code_size <= 2 and out_format == FMT_FLOAT32
+                                  and (not datapath or fast_datapath)
                                   and not (code_size == 2 and small_float_id >= 0)):
             raise ValueError("float32 parameters are read by float32 outputs of 8- and 16-bit "
-                             "codes, 16-bit minifloat codes and datapaths aside")
+                             "codes, 16-bit minifloat codes and the general datapath loop aside")
         if not DP_HALF_EVEN <= rounding <= DP_STOCHASTIC:
             raise ValueError(f"rounding {rounding} is not a datapath rounding")
         if scale_precision not in (0, 1, 2):
@@ -767,6 +785,19 @@ cdef class DequantizeConfig:
         p.round_fields.flush_below = 2.0 ** p.out_min_exponent if p.flush_outputs else 0.0
         p.round_fields.canonical_nan = p.canonical_nan
         p.round_fields.nan_bits = p.nan_bits
+        p.fused_f32 = fast_datapath and out_format == FMT_FLOAT32
+        p.fused_fallback = fused_fallback
+        if self.plan.small_float_bytes:
+            kind = FUSED_SMALL
+        elif self.plan.integer_bytes:
+            kind = FUSED_SBYTE if integer_signed else FUSED_UBYTE
+        else:
+            kind = FUSED_SWORD if signed16 else FUSED_UWORD
+        p.fused_one = fused_f32_loop_for(p.rounding, kind, False)
+        p.fused_vary = fused_f32_loop_for(p.rounding, kind, True)
+        p.fused.code_shift = self.plan.code_shift
+        p.fused.x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
+        p.fused.decoder = self.plan.decoder
         self.code_size = code_size
         self.code_bits = code_bits
         self.float32_parameters = float32_parameters
@@ -779,6 +810,11 @@ cdef class DequantizeConfig:
     def fast_datapath(self):
         """Whether the datapath runs on the vectorized loops (else the general one)."""
         return bool(self.plan.fast_datapath)
+
+    @property
+    def fused_float32(self):
+        """Whether float32 outputs run the one-pass float32 loops (fused_f32_*)."""
+        return bool(self.plan.fused_f32)
 
     @property
     def stochastic(self):
@@ -847,6 +883,15 @@ cdef int check_out_storage(int out_format, bint is_float) except -1:
     return 0
 
 
+cdef object flushed_scales(object scale, double min_normal):
+    # The one-pass float32 loops read the scales flushed (subnormals="flush_inputs": an
+    # x_scale below its type's smallest normal is a zero of its sign) once per call, not
+    # per element. float32 values: the threshold (2**-126, 2**-14) is a float32.
+    values = np.ascontiguousarray(scale, dtype=np.float32)
+    return np.where(np.abs(values) < np.float32(min_normal), np.copysign(np.float32(0.0), values),
+                    values).astype(np.float32)
+
+
 cdef int run_call(const void* x, int x_size, int bits, object scale, object zero_point,
                   y_storage_t[::1] out, DequantizeConfig config, int n_threads,
                   object random_bits) except -1:
@@ -857,6 +902,9 @@ cdef int run_call(const void* x, int x_size, int bits, object scale, object zero
     cdef DequantizeWork work
     check_out_storage(config.plan.out_format, y_storage_t is float)
     check_aligned(&out[0], sizeof(y_storage_t), "out")
+    if config.plan.fused_f32 and config.plan.flush_inputs:
+        # held here, for the whole call
+        scale = flushed_scales(scale, config.plan.scale_min_normal)
     p = call_plan(config, scale, zero_point, random_bits, size, sizeof(y_storage_t), n_threads)
     work.x = x
     work.y = &out[0]

@@ -274,7 +274,8 @@ def test_threads_and_levels_agree_on_the_fast_loops():
     try:
         for lv, threads in itertools.product(LEVELS, (1, 2, 3)):
             _kernels.use(lv)
-            for out, rounding in (("float32", "half_down"), ("float16", "stochastic"), ("bfloat16", "to_odd")):
+            for out, rounding in (("float32", "half_down"), ("float16", "stochastic"), ("bfloat16", "to_odd"),
+                                  ("float32", "stochastic"), ("float32", "up")):
                 datapath = qemu_q.Datapath(rounding=rounding, subnormals="flush_outputs")
                 w = words if rounding == "stochastic" else None
                 results.append(((out, rounding), lv, threads,
@@ -336,3 +337,209 @@ def test_the_plan_says_which_loop_runs_at_every_level():
         module.DequantizeConfig(**{**fields, "datapath": False, "float32_parameters": True, "fast_datapath": True})
     with pytest.raises(ValueError, match="fast datapath loops"):
         module.DequantizeConfig(**{**dict(config_of(np.int32, up)[0].kernel_fields), "fast_datapath": True})
+
+
+# ------------------------------------- the one-pass float32 loops (fused_f32_*)
+# float32 outputs run one pass per mode: f = RN32(d * s), e = d * s - f exactly (fmaf, or
+# the double form at levels without FMA), the neighbour picked from e's sign and the
+# ties (2e equal to the gap to the neighbour); pieces with an infinite or NaN f, tiny
+# small-float products, or tiny inexact stochastic products are recomputed on the staged
+# double loops (docs/semantics.md, "DequantizeLinear under a datapath").
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def float32_tie_scales() -> list[float]:
+    """float32 scales s = M * 2**k with d0 * M in [2**24, 2**25) and odd (M odd), so that
+    d0 * s has 25 significant bits: an exact float32 midpoint, for the odd codes d0 (and
+    -d0); the other codes give the neighbours. k puts the products mid-range, near 2**100
+    and near 2**-120 (normal products whose ulp is 2**-143: stochastic hands those back)."""
+    scales = []
+    for d0 in (3, 5, 7, 9, 11, 13, 15, 17, 25, 51, 101, 127):
+        lo, hi = -(-2 ** 24 // d0), (2 ** 25 - 1) // d0
+        m = (lo + hi) // 2 | 1
+        assert 2 ** 24 <= d0 * m < 2 ** 25 and m < 2 ** 24
+        scales += [math.ldexp(m, k) for k in (-30, 80, -143)]
+    return scales
+
+
+def float32_boundary_scales() -> list[float]:
+    """Scales whose products with int8 codes straddle float32's largest finite, 2**128 and
+    the midpoint between them (infinite f: handed back), and the subnormal range (exact
+    products of integer codes: subnormal results, and 2**-126 from both sides)."""
+    scales = []
+    for d in (1.0, 3.0, 127.0):
+        s = np.float32(FLT_MAX / d)
+        bits_of = int(s.view(np.uint32))
+        scales += [float(np.uint32(min(bits_of + k, 0x7F7FFFFF)).view(np.float32)) for k in range(-2, 3)]
+    scales += [2.0 ** -149 * 3, 2.0 ** -149 * 0x7FFFFF, 2.0 ** -126, 2.0 ** -126 / 3 * (1 + 2 ** -22),
+               2.0 ** -110 * (1 + 2 ** -23), 2.0 ** -105 * 5 / 3]
+    return [float(np.float32(s)) for s in scales]
+
+
+def test_float32_tie_sample_holds_ties():
+    # The tie scales mean something only if their products are float32 midpoints: the
+    # oracle's half_up and half_down differ exactly there.
+    d = np.arange(-128, 128, dtype=np.float64)
+    for scale in float32_tie_scales():
+        x = d[d != 0] * np.float64(np.float32(scale))
+        w = np.zeros(x.shape, np.uint32)
+        ties = base.round_to(x, 23, -126, "half_up", w) != base.round_to(x, 23, -126, "half_down", w)
+        assert ties.sum() >= 2, scale
+
+
+def fused_rows(codes_row, scales):
+    """codes_row repeated once per scale: (len(scales), len(codes_row)) codes, one scale per
+    row (axis 0: the one-scale loops) and its transpose (axis 1: one scale per element)."""
+    codes = np.tile(codes_row, (len(scales), 1))
+    return codes, np.array(scales, np.float32)
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_float32_one_pass_ties_neighbours_and_boundaries(rounding):
+    codes, scale = fused_rows(np.arange(-128, 128, dtype=np.int32).astype(np.int8),
+                              float32_tie_scales() + float32_boundary_scales())
+    zp = np.array([0, 5, -3] * (len(scale) // 3) + [0] * (len(scale) % 3), np.int8)
+    d = codes.astype(np.float64) - zp[:, None]
+    s = np.broadcast_to(scale.astype(np.float64)[:, None], codes.shape)
+    words = words_for(codes.shape, 21)
+    w = words if rounding == "stochastic" else None
+    for datapath in ({"rounding": rounding},
+                     {"rounding": rounding, "subnormals": "flush_both", "nan": "canonical"}):
+        # one scale per row, then the transpose: one scale per element of the last axis
+        check_both(codes, scale, zp, d, s, "float", "float32", datapath, w, "int8 rows", axis=0,
+                   n_threads=2)
+        check_both(codes.T.copy(), scale, zp, d.T, s.T, "float", "float32", datapath,
+                   None if w is None else w.T.copy(), "int8 columns", axis=1)
+
+
+@pytest.mark.parametrize("kind", ["uint8", "int16", "uint16", "int4", "uint4"])
+def test_float32_one_pass_code_kinds(kind):
+    # every code kind's loop (signed and unsigned bytes, sub-byte codes in bytes, 16-bit
+    # codes) on ties, boundaries and a blocked layout, every mode
+    dtype, lo, hi = INTEGERS[kind]
+    values = np.unique(np.linspace(lo, hi, 64).astype(np.int64))
+    scales = float32_tie_scales()[::2] + float32_boundary_scales()[::2]
+    codes = np.tile(values, (len(scales), 1)).astype(dtype)
+    scale = np.array(scales, np.float32)
+    zp = np.asarray(np.full(len(scales), (lo + hi + 1) // 2)).astype(dtype)
+    d = codes.astype(np.float64) - zp.astype(np.float64)[:, None]
+    s = np.broadcast_to(scale.astype(np.float64)[:, None], codes.shape)
+    for rounding in ROUNDINGS:
+        w = words_for(codes.shape, 22) if rounding == "stochastic" else None
+        check_both(codes, scale, zp, d, s, "float", "float32", {"rounding": rounding}, w, kind, axis=0)
+
+
+def test_float32_one_pass_small_float_codes():
+    # every e4m3fn / e5m2 code (NaN and inf codes hand their piece back), scales giving
+    # tiny products (below 2**-100: handed back), overflow, NaN and inf scales, flushes
+    for name in ("float8e4m3fn", "float8e5m2"):
+        raw = np.arange(256, dtype=np.int32).astype(np.uint8)
+        codes = raw.view(getattr(ml_dtypes, base.SMALL[name]))
+        values = codes.astype(np.float64)
+        for scale, rounding in itertools.product(
+                np.array([0.3, 1 + 2.0 ** -23, 2.0 ** -118 * 3, 2.0 ** -90 / 3, 3e38, float("nan")], np.float32),
+                ROUNDINGS):
+            w = words_for(codes.shape, 23) if rounding == "stochastic" else None
+            for subnormals, nan in (("keep", "spec"), ("flush_both", "canonical")):
+                d = values
+                if subnormals == "flush_both":
+                    x_min = base.dq_min_normal(name)
+                    d = np.where((np.abs(values) < x_min) & (values != 0), np.copysign(0.0, values), values)
+                check_both(codes, scale, None, d - 0.0, np.full(d.shape, float(scale)), "float", "float32",
+                           {"rounding": rounding, "subnormals": subnormals, "nan": nan}, w,
+                           f"{name} * {float(scale)!r}")
+
+
+def run_config(codes, scale, zp, datapath, words, axis, fallback):
+    """The kernel entry of the active level on DequantizeConfig(fused_fallback=...): with
+    fallback off, what the one-pass loops wrote stays, flagged pieces included."""
+    plan = dq_module().dequantize_plan(None, (codes.dtype, codes.shape), (scale.dtype, scale.shape),
+                                       (zp.dtype, zp.shape), axis, 0, None, True, datapath)
+    module = _dispatch.entry_module(_dispatch.Path.DEQUANTIZE)
+    config = module.DequantizeConfig(**{**dict(plan.kernel_fields), "fused_fallback": fallback})
+    assert config.fused_float32 and config.float32_parameters
+    out = np.empty(codes.size, np.float32)
+    module.dequantize(codes.reshape(-1).view(np.uint8 if codes.itemsize == 1 else np.uint16),
+                      scale.reshape(-1).astype(np.float32), zp.reshape(-1).astype(np.float32), out, config, 2,
+                      random_bits=None if words is None else words.reshape(-1))
+    return out.reshape(codes.shape)
+
+
+def test_the_one_pass_loops_compute_the_bits_themselves():
+    # With the hand-back off, the one-pass loops alone give the oracle's bits wherever no
+    # lane is flagged (so it is they that compute them), at every level (the baseline
+    # forms e in double); and pieces with an infinite product, or a tiny inexact
+    # stochastic one, are flagged: alone they differ, handed back they are right.
+    codes, scale = fused_rows(np.arange(-128, 128, dtype=np.int32).astype(np.int8),
+                              [s for s in float32_tie_scales() if s > 2.0 ** -100] + [0.1, 2.0 ** -140])
+    # 2**-117 * (1 + 2**-23): normal products of 25 bits below 2**-104, which stochastic
+    # rounding hands back
+    tiny = (1 + 2.0 ** -23) * 2.0 ** -117
+    zp = np.zeros(len(scale), np.int8)
+    d = codes.astype(np.float64)
+    s = np.broadcast_to(scale.astype(np.float64)[:, None], codes.shape)
+    words = words_for(codes.shape, 24)
+    level = _kernels.active.level
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            for rounding in ROUNDINGS:
+                # (nan="canonical", which no product here is, makes half_even a datapath)
+                options = {"rounding": rounding, "nan": "canonical"}
+                datapath = qemu_q.Datapath(**options)
+                w = words if rounding == "stochastic" else None
+                want = oracle(d, s, "float", "float32", options, w)
+                base.check(run_config(codes, scale, zp, datapath, w, 0, False), want,
+                           f"{lv} {rounding} one pass alone")
+                # the flagged pieces: products beyond FLT_MAX + half an ulp (f infinite),
+                # tiny stochastic ones
+                flagged = np.array([FLT_MAX / 100, tiny if rounding == "stochastic" else 3e38], np.float32)
+                fc, fz = codes[:2], zp[:2]
+                fd, fs = fc.astype(np.float64), np.broadcast_to(flagged.astype(np.float64)[:, None], fc.shape)
+                fw = None if w is None else w[:2]
+                want = oracle(fd, fs, "float", "float32", options, fw)
+                base.check(run_config(fc, flagged, fz, datapath, fw, 0, True), want, f"{lv} {rounding} handed back")
+                alone = bits(run_config(fc, flagged, fz, datapath, fw, 0, False)).astype(np.uint64)
+                if not rounding.startswith("half"):
+                    # (an infinite f is what the half modes give there, but at the exact
+                    # midpoint above the largest finite, where they hand it back)
+                    assert (alone != want.reshape(alone.shape)).any(), f"{lv} {rounding}: nothing was flagged"
+    finally:
+        _kernels.use(level)
+
+
+def test_scale_precision_that_changes_no_bit_runs_the_onnx_kernels():
+    # float32 outputs: scale_precision "float32" is the output's own rounding, "float64" of
+    # an exact product (codes of at most 16 bits) is the product: no datapath step, so
+    # the ONNX kernels run; with another option the one-pass loops run.
+    for x_dtype in (np.int8, np.uint16, ml_dtypes.float8_e4m3fn):
+        for precision in ("float32", "float64"):
+            plan, config = config_of(x_dtype, qemu_q.Datapath(scale_precision=precision))
+            assert not dict(plan.kernel_fields)["datapath"] and config.float32_parameters, (x_dtype, precision)
+            _, config = config_of(x_dtype, qemu_q.Datapath(scale_precision=precision, rounding="up"))
+            assert config.fused_float32, (x_dtype, precision)
+    # 32-bit codes: float64 can round the product (33 + 24 bits), the datapath stays
+    plan, _ = config_of(np.int32, qemu_q.Datapath(scale_precision="float64"))
+    assert dict(plan.kernel_fields)["datapath"]
+    # float16 outputs keep the staged loops
+    plan = dq_module().dequantize_plan(None, (np.dtype(np.int8), (4,)), (np.dtype(np.float16), ()), None,
+                                       1, 0, None, True, qemu_q.Datapath(rounding="up"))
+    assert not plan.kernel_config().fused_float32 and plan.kernel_config().fast_datapath
+
+
+def test_the_one_pass_loops_take_nan_and_inf_codes_in_the_lane():
+    # Random small-float codes hold NaN codes in nearly every piece of 512: the loops take
+    # NaN and infinite codes (IEEE products, the NaN code winning) themselves, with the
+    # hand-back off, canonical NaN included.
+    for name in ("float8e4m3fn", "float8e5m2"):
+        dtype = getattr(ml_dtypes, base.SMALL[name])
+        codes = np.arange(256, dtype=np.int32).astype(np.uint8).view(dtype).reshape(1, 256)
+        d = codes.astype(np.float64)
+        scale, zp = np.array([0.3], np.float32), np.zeros(1, dtype)
+        s = np.full(d.shape, float(scale[0]))
+        for rounding, nan in itertools.product(("up", "half_away", "to_odd", "stochastic"), ("spec", "canonical")):
+            options = {"rounding": rounding, "nan": nan}
+            w = words_for(codes.shape, 25) if rounding == "stochastic" else None
+            base.check(run_config(codes, scale, zp, qemu_q.Datapath(**options), w, 0, False),
+                       oracle(d, s, "float", "float32", options, w), f"{name} {options}")

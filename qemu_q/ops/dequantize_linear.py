@@ -3,6 +3,7 @@ rounded once to the output type."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -123,6 +124,16 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                "x_scale", "x_zero_point")
     integer = x_type.kind == "integer"
+    # A scale_precision that cannot change a bit is no step (docs/semantics.md,
+    # "DequantizeLinear under a datapath", step 2): "float32" into float32 is the output's
+    # own rounding, and "float64" rounds a product of codes of at most 16 bits and a
+    # float32-valued scale, exact in double (at most 17 + 24 bits), to itself. Without it
+    # a datapath may be the default, which then runs the ONNX kernels.
+    if out_type.value_format == FMT_FLOAT32 and (
+            datapath.scale_precision == "float32"
+            or (datapath.scale_precision == "float64" and x_type.storage.itemsize <= 2
+                and scale_type.name in _FLOAT32_EXACT_SCALES)):
+        datapath = dataclasses.replace(datapath, scale_precision=None)
     # `datapath` holds only the fields DequantizeLinear reads: anything but the default
     # runs the general datapath loop, on float64 parameters; the ONNX default changes no path.
     use_datapath = datapath != ONNX
@@ -149,11 +160,11 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         signed16=integer and x_type.signed and x_type.storage.itemsize == 2,
         out_format=out_type.value_format, fast=fast_kernels,
         # float32 outputs from 8- and 16-bit codes read float32 parameters (exact there),
-        # but for 16-bit minifloat codes (float64 products, pyx/_dequantize.pyx) and under
-        # a datapath.
+        # but for 16-bit minifloat codes (float64 products, pyx/_dequantize.pyx) and on the
+        # general datapath loop (the one-pass float32 datapath loops read float32 ones).
         float32_parameters=(out_type.value_format == FMT_FLOAT32 and x_type.storage.itemsize <= 2
                             and not (x_type.kind == "small_float" and x_type.storage.itemsize == 2)
-                            and not use_datapath),
+                            and (not use_datapath or fast_datapath)),
         datapath=use_datapath, rounding=ROUND_CODES[datapath.rounding],
         scale_precision=_SCALE_PRECISIONS[datapath.scale_precision],
         flush_inputs=datapath.flush_inputs, flush_outputs=datapath.flush_outputs,
