@@ -387,7 +387,7 @@ def test_onnxruntime_bfloat16_negative_nan_entry(saturate, want):
 
 def test_profiles_leave_quantize_linear_on_its_onnx_bits():
     """float32 x and scale into int8: every profile gives the ONNX bits (onnx_reference's
-    "promoted" is float32 there, and the integer ops' fields are ignored: the lead's rule),
+    "promoted" is float32 there, and the integer ops' fields are ignored: docs/semantics.md's rule),
     on ties and their neighbours."""
     x = np.array([0.5, 1.5, 2.5, -2.5, 2.5000002, 127.5, -128.5, 300.0, np.nan], np.float32)
     want = [fo.round_half_even(Fraction(float(v))) if np.isfinite(v) else None for v in x]
