@@ -222,6 +222,32 @@ def test_packed_int4_takes_the_fast_loops():
                    f"packed int4 {out} {rounding}")
 
 
+def test_float32_short_blocks_share_the_one_pass_pieces():
+    # Blocks of at most 128 along the last axis share the one-pass float32 loops' 512-element
+    # pieces (their scales and zero points spread per element; datapath_fused_f32_range):
+    # blocks of 48 and 128 with a short last block per row (250 = 5 * 48 + 10), so that
+    # blocks cross pieces and rows; one block of products beyond the largest finite flags
+    # its piece (handed back with the spread parameters); 129, just above, a call per block.
+    rng = np.random.default_rng(15)
+    for block, cols in ((48, 250), (128, 300), (129, 300)):
+        shape = (7, cols)
+        nb = -(-cols // block)
+        codes = rng.integers(-128, 128, size=shape).astype(np.int8)
+        scale = ((rng.random((7, nb)) * 2 + 0.01) * rng.choice([-1, 1], (7, nb))).astype(np.float32)
+        scale[3, 1] = np.float32(3e38)
+        zp = rng.integers(-128, 128, size=(7, nb)).astype(np.int8)
+        s = np.repeat(scale.astype(np.float64), block, axis=1)[:, :cols]
+        z = np.repeat(zp.astype(np.float64), block, axis=1)[:, :cols]
+        d = codes.astype(np.float64) - z
+        for rounding in ROUNDINGS:
+            words = words_for(shape, 9) if rounding == "stochastic" else None
+            for options in ({"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_both",
+                                                     "nan": "canonical"}):
+                check_both(codes, scale, zp, d, s, "float", "float32", options, words,
+                           f"block={block} cols={cols}", axis=1, block_size=block,
+                           n_threads=int(rng.integers(1, 4)))
+
+
 # ------------------------------------------- flushes, precisions, NaN / inf / 0 scales
 
 @pytest.mark.parametrize("out", OUTS)
