@@ -749,17 +749,18 @@ def run_requantize(threads: int, repeat: int, rows: int, cols: int) -> int:
     return 0
 
 
+# Every rounding mode but the default, and the three subnormal policies: timed by each
+# op's option runs below.
+ROUNDING_OPTIONS = [
+    (mode, dict(rounding=mode)) for mode in
+    ("half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd", "stochastic")
+]
+FLUSH_OPTIONS = [(policy, dict(subnormals=policy)) for policy in ("flush_inputs", "flush_outputs", "flush_both")]
+
+
 # The datapath options timed by --datapath, each against the default datapath in the same
 # run (issue 15: each within 1.5x of the default on the 16M-element cases).
-DATAPATH_OPTIONS = [
-    ("half_away", dict(rounding="half_away")),
-    ("half_up", dict(rounding="half_up")),
-    ("half_down", dict(rounding="half_down")),
-    ("toward_zero", dict(rounding="toward_zero")),
-    ("down", dict(rounding="down")),
-    ("up", dict(rounding="up")),
-    ("to_odd", dict(rounding="to_odd")),
-    ("stochastic", dict(rounding="stochastic")),
+DATAPATH_OPTIONS = ROUNDING_OPTIONS + [
     ("half_even (datapath loop)", dict(scale_precision="float32", rounding="half_even", nan_to_integer="zero")),
     ("reciprocal float32", dict(scale="reciprocal", scale_precision="float32")),
     ("reciprocal float64", dict(scale="reciprocal", scale_precision="float64")),
@@ -767,9 +768,7 @@ DATAPATH_OPTIONS = [
     ("nan canonical", dict(nan="canonical")),
     ("nan_to_integer zero", dict(nan_to_integer="zero")),
     ("nan_to_integer max", dict(nan_to_integer="max")),
-    ("flush_inputs", dict(subnormals="flush_inputs")),
-    ("flush_outputs", dict(subnormals="flush_outputs")),
-    ("flush_both", dict(subnormals="flush_both")),
+] + FLUSH_OPTIONS + [
     ("all: half_away recip flush_both", dict(rounding="half_away", scale="reciprocal",
                                              scale_precision="float32", subnormals="flush_both")),
 ]
@@ -833,13 +832,7 @@ def run_datapath(threads: int, repeat: int, rows: int, cols: int, outputs=("int8
     return 1 if missed else 0
 
 
-MX_DATAPATH_OPTIONS = [
-    (mode, dict(rounding=mode)) for mode in
-    ("half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd", "stochastic")
-] + [
-    ("flush_inputs", dict(subnormals="flush_inputs")),
-    ("flush_outputs", dict(subnormals="flush_outputs")),
-    ("flush_both", dict(subnormals="flush_both")),
+MX_DATAPATH_OPTIONS = ROUNDING_OPTIONS + FLUSH_OPTIONS + [
     ("up, scale_precision float32", dict(rounding="up", scale_precision="float32")),
     ("reciprocal float32 (no bit changes)", dict(scale="reciprocal", scale_precision="float32")),
     ("nan canonical (no bit changes)", dict(nan="canonical")),
@@ -847,13 +840,7 @@ MX_DATAPATH_OPTIONS = [
 MX_DATAPATH_ELEMENTS = ("float8e4m3fn", "float8e5m2", "float6e2m3", "float6e3m2", "float4e2m1", "int8")
 
 
-CAST_DATAPATH_OPTIONS = [
-    (mode, dict(rounding=mode)) for mode in
-    ("half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd", "stochastic")
-] + [
-    ("flush_inputs", dict(subnormals="flush_inputs")),
-    ("flush_outputs", dict(subnormals="flush_outputs")),
-    ("flush_both", dict(subnormals="flush_both")),
+CAST_DATAPATH_OPTIONS = ROUNDING_OPTIONS + FLUSH_OPTIONS + [
     ("nan canonical", dict(nan="canonical")),
     ("all: stochastic flush_both canonical", dict(rounding="stochastic", subnormals="flush_both",
                                                   nan="canonical")),
@@ -946,16 +933,11 @@ def run_mx_datapath(threads: int, repeat: int, rows: int, cols: int, elements=MX
 
 # DequantizeLinear's options (docs/semantics.md, "DequantizeLinear under a datapath"):
 # rounding, scale_precision, nan, subnormals; the fields it ignores change no loop.
-DQ_DATAPATH_OPTIONS = [
-    (mode, dict(rounding=mode)) for mode in
-    ("half_away", "half_up", "half_down", "toward_zero", "down", "up", "to_odd", "stochastic")
-] + [
+DQ_DATAPATH_OPTIONS = ROUNDING_OPTIONS + [
     ("scale_precision float32", dict(scale_precision="float32")),
     ("scale_precision float64", dict(scale_precision="float64")),
     ("nan canonical", dict(nan="canonical")),
-    ("flush_inputs", dict(subnormals="flush_inputs")),
-    ("flush_outputs", dict(subnormals="flush_outputs")),
-    ("flush_both", dict(subnormals="flush_both")),
+] + FLUSH_OPTIONS + [
     ("all: half_away float32 flush_both", dict(rounding="half_away", scale_precision="float32",
                                               subnormals="flush_both", nan="canonical")),
 ]
