@@ -318,7 +318,7 @@ def test_the_float32_roundings_at_their_identities():
     # The loops' roundings (datapath_round_f32_* in _codecs.pxd) rest on float32
     # identities near 1/2: RNE(q) and the remainder q - RNE(q) for half_up/half_down/
     # down/up, q + copysign(1/2 - 2**-25, q) for half_away (1/2 - 2**-25 must stay at 0),
-    # trunc and its exactness for to_odd. One float32 in about 370 of [1/4, 4) and of
+    # trunc and its exactness for to_odd. One float32 in about 1100 of [1/4, 4) and of
     # [2**14, 2**16), the floats beside 1/2, 3/2 and 65535, random ones, both signs,
     # divided by 1, against exact Python integers.
     def exact(mode, v):
@@ -345,8 +345,8 @@ def test_the_float32_roundings_at_their_identities():
     # uint16 codes: zero point 0 for the positive quotients, 65535 for the negative ones,
     # so that no code of [-65535, 65535] saturates.
     rng = np.random.default_rng(31)
-    b = np.concatenate([np.arange(0x3E800000, 0x40800000, 389, dtype=np.uint32),
-                        np.arange(0x46800000, 0x47800000, 353, dtype=np.uint32),
+    b = np.concatenate([np.arange(0x3E800000, 0x40800000, 1163, dtype=np.uint32),
+                        np.arange(0x46800000, 0x47800000, 1061, dtype=np.uint32),
                         np.uint32([0x3EFFFFFF, 0x3F000000, 0x3F000001, 0x3F7FFFFF, 0x3FBFFFFF, 0x3FC00000,
                                    0x3FC00001, 0x477FFF80, 0x477FFF7F, 0x477FFF00]),
                         rng.integers(1, 0x477FFF00, 4000, dtype=np.uint64).astype(np.uint32)])

@@ -166,7 +166,7 @@ def build_quantize_inputs(out_name, x_fmt, shape, axis, block_size, pshape, with
     return x, scale, zero_point
 
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=700, **SETTINGS)
 @given(quantize_cases())
 def test_quantize_vs_onnx_reference(case):
     opset, out_name, x_fmt, shape, axis, block_size, pshape, kind, with_zp, precision, small, seed = case
@@ -208,7 +208,7 @@ def dequantize_cases(draw):
     return opset, code_name, scale_fmt, out_fmt, shape, axis, block_size, pshape, kind, zp_kind, small, seed
 
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=700, **SETTINGS)
 @given(dequantize_cases())
 def test_dequantize_vs_onnx_reference(case):
     opset, code_name, scale_fmt, out_fmt, shape, axis, block_size, pshape, kind, zp_kind, small, seed = case

@@ -154,7 +154,7 @@ def cases(draw):
     return x, name, axis, block_size, symmetric, reduce_range
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_choose_qparams_matches_exact_rules(case):
     x, name, axis, block_size, symmetric, reduce_range = case

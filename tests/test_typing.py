@@ -14,7 +14,13 @@ pytest.importorskip("mypy", reason="the typing check needs mypy (in the test ext
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SNIPPETS = pathlib.Path(__file__).resolve().parent / "typing"
-def mypy(package_home, tmp_path, *arguments):
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory):
+    # One cache for the module's runs: the second reads qemu_q's analysis from the first.
+    return tmp_path_factory.mktemp("mypy_cache")
+
+
+def mypy(package_home, tmp_path, cache, *arguments):
     # An installed package is found the way users' mypy finds it, through site-packages
     # and its py.typed; a source tree built in place through MYPYPATH. The run starts in
     # an empty directory: mypy takes modules under its working directory for the user's own.
@@ -22,7 +28,7 @@ def mypy(package_home, tmp_path, *arguments):
     if str(package_home) not in site.getsitepackages() + [site.getusersitepackages()]:
         env["MYPYPATH"] = str(package_home)
     command = [sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
-               "--cache-dir", str(tmp_path / "cache"), "--no-error-summary", *map(str, arguments)]
+               "--cache-dir", str(cache), "--no-error-summary", *map(str, arguments)]
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
 
 
@@ -31,16 +37,16 @@ def test_py_typed_marker_is_shipped(package_home):
     assert 'qemu_q = ["py.typed", "*.pyi"]' in (REPO / "pyproject.toml").read_text()
 
 
-def test_public_api_and_usage_type_check(package_home, tmp_path):
+def test_public_api_and_usage_type_check(package_home, tmp_path, mypy_cache):
     # From a source tree mypy also reports on the modules the snippet imports: every public
     # one (qemu_q/__init__.py imports them); pyproject.toml silences the internals.
-    result = mypy(package_home, tmp_path, SNIPPETS / "usage.py")
+    result = mypy(package_home, tmp_path, mypy_cache, SNIPPETS / "usage.py")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_misuse_is_reported(package_home, tmp_path):
+def test_misuse_is_reported(package_home, tmp_path, mypy_cache):
     misuse = SNIPPETS / "misuse.py"
-    result = mypy(package_home, tmp_path, misuse)
+    result = mypy(package_home, tmp_path, mypy_cache, misuse)
     marked = {number for number, line in enumerate(misuse.read_text().splitlines(), 1)
               if line.endswith("# error")}
     reported = {int(match) for match in re.findall(r"misuse\.py:(\d+): error", result.stdout)}
