@@ -65,7 +65,10 @@ def neighbourhoods(points) -> np.ndarray:
 
 SPECIALS = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000,
                      0x7F800001, 0xFF812345, 0x7FBFFFFF, 0x00000001, 0x80000001, 0x007FFFFF,
-                     0x00800000, 0x7F7FFFFF, 0xFF7FFFFF], np.uint32).view(F32)
+                     0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,
+                     # NaNs whose low half is all ones: an increment added to them would
+                     # carry into the bfloat16 code (and, negative, out of 32 bits)
+                     0x7FFFFFFF, 0xFFFFFFFF, 0xFF80FFFF], np.uint32).view(F32)
 
 
 def test_the_plans_pick_the_typed_loops():
@@ -252,7 +255,8 @@ def test_float32_datapath_into_small_floats_every_mode(target):
                  (carry - 1) & 0xFFFFFFFF]
     for rounding in ROUNDINGS:
         options = [{"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_both"}]
-        if rounding in ("half_away", "down"):
+        if rounding in ("half_even", "half_away", "down"):
+            # half_even: the flushes' loops count its subnormal steps with the FPU
             options += [{"rounding": rounding, "subnormals": "flush_inputs", "nan": "canonical"},
                         {"rounding": rounding, "subnormals": "flush_outputs"}]
         for datapath, words in itertools.product(options, word_sets if rounding == "stochastic" else [None]):
@@ -382,7 +386,7 @@ def test_float32_datapath_into_halves_every_mode(name):
     assert plan_path(x, name, qemu_q.Datapath(rounding="up")) == _dtypes.CAST_PATH_HALF_DATAPATH
     for rounding in ROUNDINGS:
         options = [{"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_both"}]
-        if rounding in ("half_away", "down", "stochastic"):
+        if rounding in ("half_even", "half_away", "down", "stochastic"):
             options += [{"rounding": rounding, "subnormals": "flush_inputs", "nan": "canonical"},
                         {"rounding": rounding, "subnormals": "flush_outputs"},
                         {"rounding": rounding, "subnormals": "flush_both", "nan": "canonical"}]
@@ -411,6 +415,46 @@ def test_float32_datapath_into_halves_every_exponent_against_the_general_path():
         check(qemu_q.cast(x, name, datapath=datapath, random_bits=w),
               bits(general(x, name, datapath=datapath, random_bits=w)), f"float32 -> {name} {datapath}")
 
+
+
+@pytest.mark.parametrize("target", ["float8e4m3fn", "float8e5m2fnuz", "float4e2m1", "float6e3m2", "float16"])
+def test_output_flush_decides_on_the_top_subnormal_interval(target):
+    # With an output flush the loops decide a subnormal lane on |x|'s float32 bits plus the
+    # mode's increment over the top subnormal interval [2**e - u, 2**e) (pyx/_cast_loops.pxi.tp,
+    # top_increment): that interval (its ends, midpoint, quarter points), the interval below
+    # it, the smallest subnormal and its half, float32 subnormals, with their float32
+    # neighbours, every mode, flush_outputs and flush_both, words 0, 2**32 - 1 and either side
+    # of the carry threshold, at every instruction-set level, against the exact oracles.
+    if target == "float16":
+        e, m = -14, 10
+    else:
+        fmt = fo.FORMATS[SMALL[target]]
+        e, m = fmt.min_normal_exp, fmt.man_bits
+    u, top = 2.0 ** (e - m), 2.0 ** e
+    x = neighbourhoods([top - u, top - u / 2, top - u / 4, top - 3 * u / 4, top, top - 2 * u,
+                        top - 1.5 * u, top - 1.25 * u, u, u / 2, 2.0 ** -126, 2.0 ** -149])
+    carry = (half_threshold_words(x, target) if target == "float16" else threshold_words(x, SMALL[target]))
+    word_sets = [np.zeros(x.shape, np.uint64), np.full(x.shape, 0xFFFFFFFF, np.uint64), carry,
+                 (carry - 1) & 0xFFFFFFFF]
+    level = _kernels.active.level
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            for rounding, subnormals in itertools.product(ROUNDINGS, ("flush_outputs", "flush_both")):
+                datapath = {"rounding": rounding, "subnormals": subnormals}
+                for words in (word_sets if rounding == "stochastic" else [None]):
+                    w = None if words is None else words.astype(np.uint32)
+                    got = qemu_q.cast(x, target, datapath=qemu_q.Datapath(**datapath), random_bits=w)
+                    want = (half_datapath_oracle(x, target, datapath, w) if target == "float16"
+                            else cast_oracle_small(x, SMALL[target], datapath, w, 2.0 ** -126))
+                    check(got, want, f"{lv} float32 -> {target} {datapath}")
+    finally:
+        _kernels.use(level)
+    # the samples straddle the decision: below 2**e both zero and the smallest normal occur
+    below = (np.abs(x) < top) & (x != 0)
+    got = bits(qemu_q.cast(x, target, datapath=qemu_q.Datapath(subnormals="flush_outputs")))[below]
+    magnitude = 0x7FFF if target == "float16" else fo.FORMATS[SMALL[target]].sign_mask - 1
+    assert set((got & magnitude).tolist()) == {0, 1 << m}
 
 def float64_points(name: str, mantissa_bits: int, min_exponent: int, largest: float) -> np.ndarray:
     """float64 values a float32 cannot hold that straddle what the modes read: every tie
