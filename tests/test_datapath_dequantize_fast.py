@@ -248,6 +248,59 @@ def test_float32_short_blocks_share_the_one_pass_pieces():
                            n_threads=int(rng.integers(1, 4)))
 
 
+def test_float32_blocks_stepped_from_a_piece_inside_a_block():
+    # Packed codes are unpacked 4096 at a time, and each piece starts the block stepping of
+    # datapath_fused_f32_range anew: with rows of 500 and blocks of 56 (a short last block
+    # of 52 per row), the piece at element 4096 starts at row 8, column 96, 40 codes into
+    # its block. Scales below float32's smallest normal, +-0 among them, for flush_inputs
+    # (the once-per-call flushed scales).
+    rng = np.random.default_rng(31)
+    shape, block = (9, 500), 56
+    nb = -(-shape[1] // block)
+    codes = rng.integers(-8, 8, size=shape).astype(ml_dtypes.int4)
+    scale = ((rng.random((9, nb)) * 2 + 0.01) * rng.choice([-1, 1], (9, nb))).astype(np.float32)
+    scale[8, 1] = np.float32(2.0 ** -127)
+    scale[8, 2] = np.float32(-(2.0 ** -149) * 5)
+    scale[0, 0], scale[1, 0], scale[8, 3] = np.float32(0.0), np.float32(-0.0), np.float32(2.0 ** -126)
+    zp = rng.integers(-8, 8, size=(9, nb)).astype(ml_dtypes.int4)
+    s = np.repeat(scale.astype(np.float64), block, axis=1)[:, :shape[1]]
+    d = codes.astype(np.float64) - np.repeat(zp.astype(np.float64), block, axis=1)[:, :shape[1]]
+    words = words_for(shape, 32)
+    for rounding in ROUNDINGS:
+        w = words if rounding == "stochastic" else None
+        for options in ({"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_inputs"}):
+            kw = dict(axis=1, block_size=block, packed=True, dtype="int4", shape=shape, output_dtype="float32",
+                      datapath=qemu_q.Datapath(**options), random_bits=w)
+            got = qemu_q.dequantize_linear(qemu_q.pack(codes), scale, zp, n_threads=2, **kw)
+            base.check(got, oracle(d, s, "float", "float32", options, w), f"int4 blocks of 56 {options}")
+            base.check(got, bits(general(qemu_q.pack(codes), scale, zp, **kw)), f"int4 blocks of 56 {options} (general)")
+
+
+def test_float32_one_pass_ties_at_binade_edges():
+    # half_up / half_down find a tie as g = f - 2r with f - g == 2r (r = f - d * s,
+    # docs/semantics.md): where the two neighbours straddle a power of two the gap below it
+    # is half the gap above. 31 * 1082401 = 2**25 - 1 (the midpoint of 2**25 - 2 and 2**25:
+    # f = 2**25, the tie toward zero), 3 * 11184811 = 2**25 + 1 (of 2**25 and 2**25 + 2:
+    # f = 2**25, the tie away from zero), both signs of code and scale, the products normal
+    # down to 2**-124 (a subnormal scale, 1082401 * 2**-149) and up to 2**105.
+    codes = np.arange(-128, 128, dtype=np.int32).astype(np.int8)
+    scales = [sign * m * 2.0 ** k for m in (1082401, 11184811) for k in (-149, -60, 0, 80) for sign in (1, -1)]
+    scales = [sc for sc in scales if np.float32(sc) == sc and np.float32(sc) != 0]
+    codes2, scale = fused_rows(codes, scales)
+    d = codes2.astype(np.float64)
+    s = np.broadcast_to(scale.astype(np.float64)[:, None], codes2.shape)
+    zp = np.zeros(len(scale), np.int8)
+    w0 = np.zeros(codes2.shape, np.uint32)
+    x = (d * s)[d != 0]
+    ties = base.round_to(np.abs(x), 23, -126, "half_up", w0[d != 0]) != base.round_to(np.abs(x), 23, -126, "half_down", w0[d != 0])
+    assert ties.sum() >= 2 * len(scales), ties.sum()
+    for rounding in ROUNDINGS:
+        w = words_for(codes2.shape, 33) if rounding == "stochastic" else None
+        check_both(codes2, scale, zp, d, s, "float", "float32", {"rounding": rounding}, w, "binade ties", axis=0)
+        check_both(codes2.T.copy(), scale, zp, d.T, s.T, "float", "float32", {"rounding": rounding},
+                   None if w is None else w.T.copy(), "binade ties, columns", axis=1)
+
+
 # ------------------------------------------- flushes, precisions, NaN / inf / 0 scales
 
 @pytest.mark.parametrize("out", OUTS)
