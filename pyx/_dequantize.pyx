@@ -58,6 +58,7 @@ cdef struct FusedF32:
     int code_shift             # integer codes in bytes: 32 - bits (see integer_code)
     float x_min                # small-float codes below it are read as zeros (0: none)
     SmallFloat32Decoder decoder
+    Py_ssize_t block_size      # FUSED_BLOCKS: elements per scale
 
 
 cdef enum:
@@ -67,6 +68,10 @@ cdef enum:
     FUSED_SWORD = 2
     FUSED_UWORD = 3
     FUSED_SMALL = 4
+    # Their parameter layouts: one scale and zero point, one per element, one per block.
+    FUSED_ONE = 0
+    FUSED_VARY = 1
+    FUSED_BLOCKS = 2
 
 
 include "_dequantize_datapath_loops.pxi"
@@ -177,12 +182,13 @@ cdef struct DequantizePlan:
     datapath_round_loop round_loop
     DatapathRounding round_fields
     # float32 outputs of the fast datapath: one pass per mode, code kind and parameter
-    # layout (fused_one, fused_vary) on float32 parameters; the pieces those loops flag
+    # layout (fused_one, fused_vary, fused_blocks) on float32 parameters; the pieces those loops flag
     # go through datapath_products and round_loop (unless not fused_fallback: tests only).
     bint fused_f32
     bint fused_fallback
     fused_f32_loop fused_one
     fused_f32_loop fused_vary
+    fused_f32_loop fused_blocks
     FusedF32 fused
 
 
@@ -445,19 +451,30 @@ cdef inline void round_products(const double* products, void* y, Py_ssize_t n, P
 
 
 cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_ssize_t at,
-                                 const float* scale, const float* zero_point, bint vary,
+                                 const float* scale, const float* zero_point, int layout,
                                  const DequantizePlan* p, float flush_below, bint canonical,
                                  float nan) noexcept nogil:
     # One piece of at most DATAPATH_CHUNK elements (the first one's index in the whole x:
-    # at) through the one-pass loop of its layout; a piece that loop flags (infinite or NaN
-    # products, tiny ones it cannot decide) is recomputed by the staged loops, which take
-    # every product.
+    # at) through the one-pass loop of its parameter layout (FUSED_ONE, FUSED_VARY,
+    # FUSED_BLOCKS); a piece that loop flags (infinite or NaN products, tiny ones it cannot
+    # decide) is recomputed by the staged loops, which take every product (a piece of
+    # blocks with its parameters spread per element first).
     cdef double products[DATAPATH_CHUNK]
+    cdef float scales[DATAPATH_CHUNK]
+    cdef float zero_points[DATAPATH_CHUNK]
+    cdef Py_ssize_t i
     cdef const uint32_t* words = p.random_bits + at if p.random_bits != NULL else NULL
-    cdef fused_f32_loop loop = p.fused_vary if vary else p.fused_one
+    cdef fused_f32_loop loop = (p.fused_vary if layout == FUSED_VARY else
+                                p.fused_blocks if layout == FUSED_BLOCKS else p.fused_one)
     cdef int32_t unsafe = loop(x, y, k, scale, zero_point, words, &p.fused)
     if unsafe and p.fused_fallback:
-        datapath_products(x, products, k, scale, zero_point, vary, p)
+        if layout == FUSED_BLOCKS:
+            for i in range(k):
+                scales[i] = scale[i // p.fused.block_size]
+                zero_points[i] = zero_point[i // p.fused.block_size]
+            datapath_products(x, products, k, scales, zero_points, True, p)
+        else:
+            datapath_products(x, products, k, scale, zero_point, layout == FUSED_VARY, p)
         round_products(products, y, k, at, p)
     else:
         finish_f32(y, k, flush_below, canonical, nan)
@@ -478,7 +495,7 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
     cdef Py_ssize_t offset, k, params, j
     cdef Py_ssize_t filled = 0
     cdef Py_ssize_t done = start
-    cdef Py_ssize_t pos, bs, axis_len, in_row, in_block, block
+    cdef Py_ssize_t pos, bs, axis_len, in_row, in_block, block, piece
     cdef const float* scale32 = p.scale32
     cdef const float* zero_point32 = p.zero_point32
     cdef float sv, zv
@@ -503,6 +520,25 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
         in_block = c.in_block
         block = c.row_block
         pos = start
+        if axis_len % bs == 0:
+            # Rows of whole blocks: the blocks loop (FUSED_BLOCKS) reads each block's scale
+            # and zero point itself, on pieces of whole blocks (spreading them per element
+            # cost two stores per element, as much as the loop). A first partial block
+            # (a range starting inside one) takes the one-scale loop.
+            if in_block:
+                k = min(bs - in_block, end - pos)
+                fused_f32_piece(x, y, k, pos, scale32 + block, zero_point32 + block, FUSED_ONE, p,
+                                flush_below, canonical, nan)
+                pos += k
+                block += 1
+            piece = (<Py_ssize_t>DATAPATH_CHUNK // bs) * bs
+            while pos < end:
+                k = min(piece, end - pos)
+                fused_f32_piece(x + (pos - start), y + (pos - start), k, pos, scale32 + block,
+                                zero_point32 + block, FUSED_BLOCKS, p, flush_below, canonical, nan)
+                pos += k
+                block += k // bs
+            return
         while pos < end:
             k = min(min(bs - in_block, axis_len - in_row), min(end - pos, <Py_ssize_t>DATAPATH_CHUNK - filled))
             sv = scale32[block]
@@ -521,12 +557,12 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
                     in_row = 0
             if filled == DATAPATH_CHUNK:
                 fused_f32_piece(x + (done - start), y + (done - start), filled, done, scales,
-                                zero_points, True, p, flush_below, canonical, nan)
+                                zero_points, FUSED_VARY, p, flush_below, canonical, nan)
                 done += filled
                 filled = 0
         if filled:
             fused_f32_piece(x + (done - start), y + (done - start), filled, done, scales,
-                            zero_points, True, p, flush_below, canonical, nan)
+                            zero_points, FUSED_VARY, p, flush_below, canonical, nan)
         return
     while next_segment(&p.layout, &c, &seg):
         offset = 0
@@ -535,7 +571,7 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
             params = seg.param_index + (offset if seg.params_vary else 0)
             fused_f32_piece(x + (seg.start + offset - start), y + (seg.start + offset - start), k,
                             seg.start + offset, p.scale32 + params, p.zero_point32 + params,
-                            seg.params_vary, p, flush_below, canonical, nan)
+                            FUSED_VARY if seg.params_vary else FUSED_ONE, p, flush_below, canonical, nan)
             offset += k
 
 
@@ -851,8 +887,10 @@ cdef class DequantizeConfig:
             kind = FUSED_SBYTE if integer_signed else FUSED_UBYTE
         else:
             kind = FUSED_SWORD if signed16 else FUSED_UWORD
-        p.fused_one = fused_f32_loop_for(p.rounding, kind, False)
-        p.fused_vary = fused_f32_loop_for(p.rounding, kind, True)
+        p.fused_one = fused_f32_loop_for(p.rounding, kind, FUSED_ONE)
+        p.fused_vary = fused_f32_loop_for(p.rounding, kind, FUSED_VARY)
+        p.fused_blocks = fused_f32_loop_for(p.rounding, kind, FUSED_BLOCKS)
+        p.fused.block_size = self.plan.layout.block_size
         p.fused.code_shift = self.plan.code_shift
         p.fused.x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
         p.fused.decoder = self.plan.decoder

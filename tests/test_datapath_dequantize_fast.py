@@ -248,20 +248,24 @@ def test_float32_short_blocks_share_the_one_pass_pieces():
                            n_threads=int(rng.integers(1, 4)))
 
 
-def test_float32_blocks_stepped_from_a_piece_inside_a_block():
+@pytest.mark.parametrize("block", [56, 50])
+def test_float32_blocks_stepped_from_a_piece_inside_a_block(block):
     # Packed codes are unpacked 4096 at a time, and each piece starts the block stepping of
-    # datapath_fused_f32_range anew: with rows of 500 and blocks of 56 (a short last block
-    # of 52 per row), the piece at element 4096 starts at row 8, column 96, 40 codes into
-    # its block. Scales below float32's smallest normal, +-0 among them, for flush_inputs
-    # (the once-per-call flushed scales).
+    # datapath_fused_f32_range anew, at element 4096: row 8, column 96, inside a block.
+    # Rows of 500: blocks of 56 leave a short last block per row (the parameters spread per
+    # element), blocks of 50 divide the rows (the blocks loop, after a one-scale call for
+    # the partial block). A block of products beyond the largest finite hands its piece
+    # back. Scales below float32's smallest normal, +-0 among them, for flush_inputs (the
+    # once-per-call flushed scales).
     rng = np.random.default_rng(31)
-    shape, block = (9, 500), 56
+    shape = (9, 500)
     nb = -(-shape[1] // block)
     codes = rng.integers(-8, 8, size=shape).astype(ml_dtypes.int4)
     scale = ((rng.random((9, nb)) * 2 + 0.01) * rng.choice([-1, 1], (9, nb))).astype(np.float32)
     scale[8, 1] = np.float32(2.0 ** -127)
     scale[8, 2] = np.float32(-(2.0 ** -149) * 5)
     scale[0, 0], scale[1, 0], scale[8, 3] = np.float32(0.0), np.float32(-0.0), np.float32(2.0 ** -126)
+    scale[4, 2] = np.float32(3e38)
     zp = rng.integers(-8, 8, size=(9, nb)).astype(ml_dtypes.int4)
     s = np.repeat(scale.astype(np.float64), block, axis=1)[:, :shape[1]]
     d = codes.astype(np.float64) - np.repeat(zp.astype(np.float64), block, axis=1)[:, :shape[1]]
@@ -272,8 +276,9 @@ def test_float32_blocks_stepped_from_a_piece_inside_a_block():
             kw = dict(axis=1, block_size=block, packed=True, dtype="int4", shape=shape, output_dtype="float32",
                       datapath=qemu_q.Datapath(**options), random_bits=w)
             got = qemu_q.dequantize_linear(qemu_q.pack(codes), scale, zp, n_threads=2, **kw)
-            base.check(got, oracle(d, s, "float", "float32", options, w), f"int4 blocks of 56 {options}")
-            base.check(got, bits(general(qemu_q.pack(codes), scale, zp, **kw)), f"int4 blocks of 56 {options} (general)")
+            what = f"int4 blocks of {block} {options}"
+            base.check(got, oracle(d, s, "float", "float32", options, w), what)
+            base.check(got, bits(general(qemu_q.pack(codes), scale, zp, **kw)), f"{what} (general)")
 
 
 def test_float32_one_pass_ties_at_binade_edges():
