@@ -433,11 +433,17 @@ cdef inline void finish_f32(float* y, Py_ssize_t n, float flush_below, bint cano
     # What the one-pass loops leave to a second pass over the piece they wrote (in L1):
     # the result's flush (tininess after rounding: on the rounded value) and NaN code,
     # only where the datapath asks for them, so that the other options do not pay.
+    # Both in one pass where both are asked for (a NaN is never flushed: it compares false).
     cdef Py_ssize_t i
-    if flush_below > 0:
+    cdef float v
+    if flush_below > 0 and canonical:
+        for i in range(n):
+            v = flush_subnormal_f32(y[i], flush_below)
+            y[i] = select_f32(v != v, nan, v)
+    elif flush_below > 0:
         for i in range(n):
             y[i] = flush_subnormal_f32(y[i], flush_below)
-    if canonical:
+    elif canonical:
         for i in range(n):
             y[i] = select_f32(y[i] != y[i], nan, y[i])
 
