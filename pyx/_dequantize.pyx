@@ -10,7 +10,7 @@ import numpy as np
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fma, copysign, ldexp, isinf, INFINITY
-from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 
 from _codecs cimport (
     y_storage_t,
@@ -68,6 +68,8 @@ cdef enum:
     FUSED_SWORD = 2
     FUSED_UWORD = 3
     FUSED_SMALL = 4
+    FUSED_INT8 = 5
+    FUSED_UINT8 = 6
     # Their parameter layouts: one scale and zero point, one per element, one per block.
     FUSED_ONE = 0
     FUSED_VARY = 1
@@ -889,6 +891,8 @@ cdef class DequantizeConfig:
         p.fused_fallback = fused_fallback
         if self.plan.small_float_bytes:
             kind = FUSED_SMALL
+        elif self.plan.integer_bytes and integer_bits == 8:
+            kind = FUSED_INT8 if integer_signed else FUSED_UINT8
         elif self.plan.integer_bytes:
             kind = FUSED_SBYTE if integer_signed else FUSED_UBYTE
         else:
