@@ -191,6 +191,7 @@ cdef struct DequantizePlan:
     fused_f32_loop fused_one
     fused_f32_loop fused_vary
     fused_f32_loop fused_blocks
+    int fused_kind
     FusedF32 fused
 
 
@@ -488,6 +489,16 @@ cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_
         finish_f32(y, k, flush_below, canonical, nan)
 
 
+cdef inline bint shares_pieces(const Layout* L) noexcept nogil:
+    # Short blocks along the last axis, gathered into the one-pass loops' pieces.
+    return L.granularity == BLOCKED and L.inner == 1 and L.block_size <= <Py_ssize_t>FUSED_SHARED_BLOCK
+
+
+cdef inline bint whole_blocks(const Layout* L) noexcept nogil:
+    # ... in rows of whole blocks: the blocks loops (FUSED_BLOCKS) take them.
+    return L.axis_len % L.block_size == 0
+
+
 cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize_t start,
                                           Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # datapath_fast_range into float32: each segment in pieces of DATAPATH_CHUNK through
@@ -515,8 +526,7 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
     if dq_code_t is int32_t:
         return  # not a fast datapath plan (the config refuses it)
     cursor_at(&p.layout, start, end, &c)
-    if (p.layout.granularity == BLOCKED and p.layout.inner == 1
-            and p.layout.block_size <= <Py_ssize_t>FUSED_SHARED_BLOCK):
+    if shares_pieces(&p.layout):
         # Blocks in element order, each block's parameters the next ones (from one row to
         # the next too: next_block_run), stepped here on locals: the cursor's and plan's
         # fields, behind pointers that the float stores may alias (the build keeps
@@ -528,7 +538,7 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
         in_block = c.in_block
         block = c.row_block
         pos = start
-        if axis_len % bs == 0:
+        if whole_blocks(&p.layout):
             # Rows of whole blocks: the blocks loop (FUSED_BLOCKS) reads each block's scale
             # and zero point itself, on pieces of whole blocks (spreading them per element
             # cost two stores per element, as much as the loop). A first partial block
@@ -897,6 +907,7 @@ cdef class DequantizeConfig:
             kind = FUSED_SBYTE if integer_signed else FUSED_UBYTE
         else:
             kind = FUSED_SWORD if signed16 else FUSED_UWORD
+        p.fused_kind = kind
         p.fused_one = fused_f32_loop_for(p.rounding, kind, FUSED_ONE)
         p.fused_vary = fused_f32_loop_for(p.rounding, kind, FUSED_VARY)
         p.fused_blocks = fused_f32_loop_for(p.rounding, kind, FUSED_BLOCKS)
@@ -921,6 +932,29 @@ cdef class DequantizeConfig:
     def fused_float32(self):
         """Whether float32 outputs run the one-pass float32 loops (fused_f32_*)."""
         return bool(self.plan.fused_f32)
+
+    @property
+    def fused_loops(self):
+        """(code kind, parameter layout) of the one-pass float32 loops this plan runs, as
+        names ("sbyte", "ubyte", "sword", "uword", "small", "int8", "uint8"; "one", "vary",
+        "blocks"); None where it runs none. "blocks": blocks along the last axis, at most
+        FUSED_SHARED_BLOCK long, in rows of whole blocks (a range starting inside a block
+        takes "one" for its rest); shorter last blocks spread their parameters ("vary"),
+        longer blocks take a call of "one" each."""
+        cdef Layout* L = &self.plan.layout
+        if not self.plan.fused_f32:
+            return None
+        names = ("sbyte", "ubyte", "sword", "uword", "small", "int8", "uint8")
+        if shares_pieces(L):
+            layout = "blocks" if whole_blocks(L) else "vary"
+        elif L.granularity == PER_TENSOR:
+            layout = "one"
+        elif L.inner > 1:
+            layout = "one" if L.granularity == PER_AXIS else "vary"
+        else:
+            # longer blocks along the last axis: a call per block
+            layout = "vary" if L.granularity == PER_AXIS else "one"
+        return names[self.plan.fused_kind], layout
 
     @property
     def stochastic(self):

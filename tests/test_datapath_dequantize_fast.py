@@ -423,6 +423,32 @@ def test_the_plan_says_which_loop_runs_at_every_level():
         module.DequantizeConfig(**{**dict(config_of(np.int32, up)[0].kernel_fields), "fast_datapath": True})
 
 
+def test_the_plan_names_the_one_pass_loops():
+    # which code kind and parameter layout of fused_f32_* a plan runs (DequantizeConfig's
+    # fused_loops): whole-byte codes their own kinds, short blocks along the last axis the
+    # blocks loops where the rows hold whole blocks, else spread per element
+    up = qemu_q.Datapath(rounding="up")
+
+    def loops(x_dtype, shape, scale_shape, axis, block=0, datapath=up):
+        plan = dq_module().dequantize_plan(None, (np.dtype(x_dtype), shape), (np.dtype(np.float32), scale_shape),
+                                           None, axis, block, None, True, datapath)
+        return plan.kernel_config().fused_loops
+
+    kinds = {np.int8: "int8", np.uint8: "uint8", ml_dtypes.int4: "sbyte", ml_dtypes.uint4: "ubyte",
+             np.int16: "sword", np.uint16: "uword", ml_dtypes.float8_e4m3fn: "small"}
+    for x_dtype, kind in kinds.items():
+        assert loops(x_dtype, (4,), (), 1) == (kind, "one"), x_dtype
+    assert loops(np.int8, (3, 64), (64,), 1) == ("int8", "vary")
+    assert loops(np.int8, (3, 64), (3,), 0) == ("int8", "one")
+    assert loops(ml_dtypes.int4, (3, 64), (3, 2), 1, 32) == ("sbyte", "blocks")
+    assert loops(ml_dtypes.int4, (3, 64), (3, 2), 1, 48) == ("sbyte", "vary")
+    assert loops(np.int8, (3, 256), (3, 2), 1, 128) == ("int8", "blocks")
+    assert loops(np.int8, (3, 258), (3, 2), 1, 129) == ("int8", "one")
+    assert loops(np.int8, (64, 3), (2, 3), 0, 32) == ("int8", "vary")
+    assert loops(np.int8, (4,), (), 1, datapath=qemu_q.Datapath()) is None
+    assert loops(np.int8, (4,), (), 1, datapath=qemu_q.Datapath(nan="canonical")) == ("int8", "one")
+
+
 # ------------------------------------- the one-pass float32 loops (fused_f32_*)
 # float32 outputs run one pass per mode: f = RN32(d * s), e = d * s - f exactly (fmaf, or
 # the double form at levels without FMA), the neighbour picked from e's sign and the
