@@ -270,15 +270,22 @@ def test_float32_blocks_stepped_from_a_piece_inside_a_block(block):
     s = np.repeat(scale.astype(np.float64), block, axis=1)[:, :shape[1]]
     d = codes.astype(np.float64) - np.repeat(zp.astype(np.float64), block, axis=1)[:, :shape[1]]
     words = words_for(shape, 32)
-    for rounding in ROUNDINGS:
-        w = words if rounding == "stochastic" else None
-        for options in ({"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_inputs"}):
-            kw = dict(axis=1, block_size=block, packed=True, dtype="int4", shape=shape, output_dtype="float32",
-                      datapath=qemu_q.Datapath(**options), random_bits=w)
-            got = qemu_q.dequantize_linear(qemu_q.pack(codes), scale, zp, n_threads=2, **kw)
-            what = f"int4 blocks of {block} {options}"
-            base.check(got, oracle(d, s, "float", "float32", options, w), what)
-            base.check(got, bits(general(qemu_q.pack(codes), scale, zp, **kw)), f"{what} (general)")
+    level = _kernels.active.level
+    try:
+        for rounding in ROUNDINGS:
+            w = words if rounding == "stochastic" else None
+            for options in ({"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_inputs"}):
+                kw = dict(axis=1, block_size=block, packed=True, dtype="int4", shape=shape, output_dtype="float32",
+                          datapath=qemu_q.Datapath(**options), random_bits=w)
+                what = f"int4 blocks of {block} {options}"
+                want = oracle(d, s, "float", "float32", options, w)
+                base.check(bits(general(qemu_q.pack(codes), scale, zp, **kw)), want, f"{what} (general)")
+                for lv in LEVELS:  # every level's loops
+                    _kernels.use(lv)
+                    got = qemu_q.dequantize_linear(qemu_q.pack(codes), scale, zp, n_threads=2, **kw)
+                    base.check(got, want, f"{what} {lv}")
+    finally:
+        _kernels.use(level)
 
 
 def test_float32_one_pass_ties_at_binade_edges():
@@ -299,11 +306,17 @@ def test_float32_one_pass_ties_at_binade_edges():
     x = (d * s)[d != 0]
     ties = base.round_to(np.abs(x), 23, -126, "half_up", w0[d != 0]) != base.round_to(np.abs(x), 23, -126, "half_down", w0[d != 0])
     assert ties.sum() >= 2 * len(scales), ties.sum()
-    for rounding in ROUNDINGS:
-        w = words_for(codes2.shape, 33) if rounding == "stochastic" else None
-        check_both(codes2, scale, zp, d, s, "float", "float32", {"rounding": rounding}, w, "binade ties", axis=0)
-        check_both(codes2.T.copy(), scale, zp, d.T, s.T, "float", "float32", {"rounding": rounding},
-                   None if w is None else w.T.copy(), "binade ties, columns", axis=1)
+    level = _kernels.active.level
+    try:
+        for lv, rounding in itertools.product(LEVELS, ROUNDINGS):  # every level's loops
+            _kernels.use(lv)
+            w = words_for(codes2.shape, 33) if rounding == "stochastic" else None
+            check_both(codes2, scale, zp, d, s, "float", "float32", {"rounding": rounding}, w,
+                       f"binade ties {lv}", axis=0)
+            check_both(codes2.T.copy(), scale, zp, d.T, s.T, "float", "float32", {"rounding": rounding},
+                       None if w is None else w.T.copy(), f"binade ties, columns {lv}", axis=1)
+    finally:
+        _kernels.use(level)
 
 
 # ------------------------------------------- flushes, precisions, NaN / inf / 0 scales
