@@ -1251,6 +1251,23 @@ cdef extern from *:
     float product_residual_f32 "qemu_q_product_residual_f32" (float d, float s, float f) noexcept nogil
 
 
+# The same error with the other sign, r = f - d * s, for the half_up / half_down loops'
+# tie test (docs/semantics.md, "The one-pass float32 loops"): exact where e is (its
+# negation), and +0, not -0, where f is exact (an exact zero sum is +0 under round to
+# nearest), so that f - 2r is f's own bits there, -0 included.
+cdef extern from *:
+    """
+    QEMU_Q_ALWAYS_INLINE float qemu_q_product_overshoot_f32(float d, float s, float f) {
+    #if defined(__FMA__)
+        return fmaf(-d, s, f);
+    #else
+        return (float)((double)f - (double)d * (double)s);
+    #endif
+    }
+    """
+    float product_overshoot_f32 "qemu_q_product_overshoot_f32" (float d, float s, float f) noexcept nogil
+
+
 cdef inline float quotient_rounded_to_odd(float x, float q, float r) noexcept nogil:
     # q = RN32(x / s) and r = x - q * s (exact): the exact quotient x / s rounded to odd at
     # 24 bits, i.e. its truncation to 24 bits with the last bit set when inexact. r = 0:

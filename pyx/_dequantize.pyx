@@ -10,7 +10,7 @@ import numpy as np
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fma, copysign, ldexp, isinf, INFINITY
-from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 
 from _codecs cimport (
     y_storage_t,
@@ -19,7 +19,7 @@ from _codecs cimport (
     pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_HALF_AWAY,
     DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD, DP_STOCHASTIC,
     double_bits, bits_double, float_bits, select_i32, select_i64, select_f64, stochastic_carry_f64,
-    product_residual_f32,
+    product_residual_f32, product_overshoot_f32,
     float16_bits_of_value, bfloat16_bits_of_value, flush_subnormal_f32, flush_subnormal_f64,
 )
 from _layout cimport (
@@ -58,6 +58,7 @@ cdef struct FusedF32:
     int code_shift             # integer codes in bytes: 32 - bits (see integer_code)
     float x_min                # small-float codes below it are read as zeros (0: none)
     SmallFloat32Decoder decoder
+    Py_ssize_t block_size      # FUSED_BLOCKS: elements per scale
 
 
 cdef enum:
@@ -67,6 +68,12 @@ cdef enum:
     FUSED_SWORD = 2
     FUSED_UWORD = 3
     FUSED_SMALL = 4
+    FUSED_INT8 = 5
+    FUSED_UINT8 = 6
+    # Their parameter layouts: one scale and zero point, one per element, one per block.
+    FUSED_ONE = 0
+    FUSED_VARY = 1
+    FUSED_BLOCKS = 2
 
 
 include "_dequantize_datapath_loops.pxi"
@@ -177,12 +184,14 @@ cdef struct DequantizePlan:
     datapath_round_loop round_loop
     DatapathRounding round_fields
     # float32 outputs of the fast datapath: one pass per mode, code kind and parameter
-    # layout (fused_one, fused_vary) on float32 parameters; the pieces those loops flag
+    # layout (fused_one, fused_vary, fused_blocks) on float32 parameters; the pieces those loops flag
     # go through datapath_products and round_loop (unless not fused_fallback: tests only).
     bint fused_f32
     bint fused_fallback
     fused_f32_loop fused_one
     fused_f32_loop fused_vary
+    fused_f32_loop fused_blocks
+    int fused_kind
     FusedF32 fused
 
 
@@ -427,11 +436,17 @@ cdef inline void finish_f32(float* y, Py_ssize_t n, float flush_below, bint cano
     # What the one-pass loops leave to a second pass over the piece they wrote (in L1):
     # the result's flush (tininess after rounding: on the rounded value) and NaN code,
     # only where the datapath asks for them, so that the other options do not pay.
+    # Both in one pass where both are asked for (a NaN is never flushed: it compares false).
     cdef Py_ssize_t i
-    if flush_below > 0:
+    cdef float v
+    if flush_below > 0 and canonical:
+        for i in range(n):
+            v = flush_subnormal_f32(y[i], flush_below)
+            y[i] = select_f32(v != v, nan, v)
+    elif flush_below > 0:
         for i in range(n):
             y[i] = flush_subnormal_f32(y[i], flush_below)
-    if canonical:
+    elif canonical:
         for i in range(n):
             y[i] = select_f32(y[i] != y[i], nan, y[i])
 
@@ -445,22 +460,43 @@ cdef inline void round_products(const double* products, void* y, Py_ssize_t n, P
 
 
 cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_ssize_t at,
-                                 const float* scale, const float* zero_point, bint vary,
+                                 const float* scale, const float* zero_point, int layout,
                                  const DequantizePlan* p, float flush_below, bint canonical,
                                  float nan) noexcept nogil:
     # One piece of at most DATAPATH_CHUNK elements (the first one's index in the whole x:
-    # at) through the one-pass loop of its layout; a piece that loop flags (infinite or NaN
-    # products, tiny ones it cannot decide) is recomputed by the staged loops, which take
-    # every product.
+    # at) through the one-pass loop of its parameter layout (FUSED_ONE, FUSED_VARY,
+    # FUSED_BLOCKS); a piece that loop flags (infinite or NaN products, tiny ones it cannot
+    # decide) is recomputed by the staged loops, which take every product (a piece of
+    # blocks with its parameters spread per element first).
     cdef double products[DATAPATH_CHUNK]
+    cdef float scales[DATAPATH_CHUNK]
+    cdef float zero_points[DATAPATH_CHUNK]
+    cdef Py_ssize_t i
     cdef const uint32_t* words = p.random_bits + at if p.random_bits != NULL else NULL
-    cdef fused_f32_loop loop = p.fused_vary if vary else p.fused_one
+    cdef fused_f32_loop loop = (p.fused_vary if layout == FUSED_VARY else
+                                p.fused_blocks if layout == FUSED_BLOCKS else p.fused_one)
     cdef int32_t unsafe = loop(x, y, k, scale, zero_point, words, &p.fused)
     if unsafe and p.fused_fallback:
-        datapath_products(x, products, k, scale, zero_point, vary, p)
+        if layout == FUSED_BLOCKS:
+            for i in range(k):
+                scales[i] = scale[i // p.fused.block_size]
+                zero_points[i] = zero_point[i // p.fused.block_size]
+            datapath_products(x, products, k, scales, zero_points, True, p)
+        else:
+            datapath_products(x, products, k, scale, zero_point, layout == FUSED_VARY, p)
         round_products(products, y, k, at, p)
     else:
         finish_f32(y, k, flush_below, canonical, nan)
+
+
+cdef inline bint shares_pieces(const Layout* L) noexcept nogil:
+    # Short blocks along the last axis, gathered into the one-pass loops' pieces.
+    return L.granularity == BLOCKED and L.inner == 1 and L.block_size <= <Py_ssize_t>FUSED_SHARED_BLOCK
+
+
+cdef inline bint whole_blocks(const Layout* L) noexcept nogil:
+    # ... in rows of whole blocks: the blocks loops (FUSED_BLOCKS) take them.
+    return L.axis_len % L.block_size == 0
 
 
 cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize_t start,
@@ -478,6 +514,9 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
     cdef Py_ssize_t offset, k, params, j
     cdef Py_ssize_t filled = 0
     cdef Py_ssize_t done = start
+    cdef Py_ssize_t pos, bs, axis_len, in_row, in_block, block, piece
+    cdef const float* scale32 = p.scale32
+    cdef const float* zero_point32 = p.zero_point32
     cdef float sv, zv
     cdef float flush_below = <float>p.round_fields.flush_below
     # a NaN result comes from half_even's loops and from NaN small-float codes; the other
@@ -487,28 +526,61 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
     if dq_code_t is int32_t:
         return  # not a fast datapath plan (the config refuses it)
     cursor_at(&p.layout, start, end, &c)
-    if (p.layout.granularity == BLOCKED and p.layout.inner == 1
-            and p.layout.block_size <= <Py_ssize_t>FUSED_SHARED_BLOCK):
-        # block runs come in element order, each <= block_size, consecutive
-        while next_block_run(&p.layout, &c, &seg):
-            sv = p.scale32[seg.param_index]
-            zv = p.zero_point32[seg.param_index]
-            offset = 0
-            while offset < seg.length:
-                k = min(seg.length - offset, <Py_ssize_t>DATAPATH_CHUNK - filled)
-                for j in range(k):
-                    scales[filled + j] = sv
-                    zero_points[filled + j] = zv
-                filled += k
-                offset += k
-                if filled == DATAPATH_CHUNK:
-                    fused_f32_piece(x + (done - start), y + (done - start), filled, done, scales,
-                                    zero_points, True, p, flush_below, canonical, nan)
-                    done += filled
-                    filled = 0
+    if shares_pieces(&p.layout):
+        # Blocks in element order, each block's parameters the next ones (from one row to
+        # the next too: next_block_run), stepped here on locals: the cursor's and plan's
+        # fields, behind pointers that the float stores may alias (the build keeps
+        # -fno-strict-aliasing), were stored and reloaded per block, as much work as the
+        # loop's own.
+        bs = p.layout.block_size
+        axis_len = p.layout.axis_len
+        in_row = c.j
+        in_block = c.in_block
+        block = c.row_block
+        pos = start
+        if whole_blocks(&p.layout):
+            # Rows of whole blocks: the blocks loop (FUSED_BLOCKS) reads each block's scale
+            # and zero point itself, on pieces of whole blocks (spreading them per element
+            # cost two stores per element, as much as the loop). A first partial block
+            # (a range starting inside one) takes the one-scale loop.
+            if in_block:
+                k = min(bs - in_block, end - pos)
+                fused_f32_piece(x, y, k, pos, scale32 + block, zero_point32 + block, FUSED_ONE, p,
+                                flush_below, canonical, nan)
+                pos += k
+                block += 1
+            piece = (<Py_ssize_t>DATAPATH_CHUNK // bs) * bs
+            while pos < end:
+                k = min(piece, end - pos)
+                fused_f32_piece(x + (pos - start), y + (pos - start), k, pos, scale32 + block,
+                                zero_point32 + block, FUSED_BLOCKS, p, flush_below, canonical, nan)
+                pos += k
+                block += k // bs
+            return
+        while pos < end:
+            k = min(min(bs - in_block, axis_len - in_row), min(end - pos, <Py_ssize_t>DATAPATH_CHUNK - filled))
+            sv = scale32[block]
+            zv = zero_point32[block]
+            for j in range(k):
+                scales[filled + j] = sv
+                zero_points[filled + j] = zv
+            filled += k
+            pos += k
+            in_row += k
+            in_block += k
+            if in_row == axis_len or in_block == bs:
+                in_block = 0
+                block += 1
+                if in_row == axis_len:
+                    in_row = 0
+            if filled == DATAPATH_CHUNK:
+                fused_f32_piece(x + (done - start), y + (done - start), filled, done, scales,
+                                zero_points, FUSED_VARY, p, flush_below, canonical, nan)
+                done += filled
+                filled = 0
         if filled:
             fused_f32_piece(x + (done - start), y + (done - start), filled, done, scales,
-                            zero_points, True, p, flush_below, canonical, nan)
+                            zero_points, FUSED_VARY, p, flush_below, canonical, nan)
         return
     while next_segment(&p.layout, &c, &seg):
         offset = 0
@@ -517,7 +589,7 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
             params = seg.param_index + (offset if seg.params_vary else 0)
             fused_f32_piece(x + (seg.start + offset - start), y + (seg.start + offset - start), k,
                             seg.start + offset, p.scale32 + params, p.zero_point32 + params,
-                            seg.params_vary, p, flush_below, canonical, nan)
+                            FUSED_VARY if seg.params_vary else FUSED_ONE, p, flush_below, canonical, nan)
             offset += k
 
 
@@ -829,12 +901,17 @@ cdef class DequantizeConfig:
         p.fused_fallback = fused_fallback
         if self.plan.small_float_bytes:
             kind = FUSED_SMALL
+        elif self.plan.integer_bytes and integer_bits == 8:
+            kind = FUSED_INT8 if integer_signed else FUSED_UINT8
         elif self.plan.integer_bytes:
             kind = FUSED_SBYTE if integer_signed else FUSED_UBYTE
         else:
             kind = FUSED_SWORD if signed16 else FUSED_UWORD
-        p.fused_one = fused_f32_loop_for(p.rounding, kind, False)
-        p.fused_vary = fused_f32_loop_for(p.rounding, kind, True)
+        p.fused_kind = kind
+        p.fused_one = fused_f32_loop_for(p.rounding, kind, FUSED_ONE)
+        p.fused_vary = fused_f32_loop_for(p.rounding, kind, FUSED_VARY)
+        p.fused_blocks = fused_f32_loop_for(p.rounding, kind, FUSED_BLOCKS)
+        p.fused.block_size = self.plan.layout.block_size
         p.fused.code_shift = self.plan.code_shift
         p.fused.x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
         p.fused.decoder = self.plan.decoder
@@ -855,6 +932,29 @@ cdef class DequantizeConfig:
     def fused_float32(self):
         """Whether float32 outputs run the one-pass float32 loops (fused_f32_*)."""
         return bool(self.plan.fused_f32)
+
+    @property
+    def fused_loops(self):
+        """(code kind, parameter layout) of the one-pass float32 loops this plan runs, as
+        names ("sbyte", "ubyte", "sword", "uword", "small", "int8", "uint8"; "one", "vary",
+        "blocks"); None where it runs none. "blocks": blocks along the last axis, at most
+        FUSED_SHARED_BLOCK long, in rows of whole blocks (a range starting inside a block
+        takes "one" for its rest); shorter last blocks spread their parameters ("vary"),
+        longer blocks take a call of "one" each."""
+        cdef Layout* L = &self.plan.layout
+        if not self.plan.fused_f32:
+            return None
+        names = ("sbyte", "ubyte", "sword", "uword", "small", "int8", "uint8")
+        if shares_pieces(L):
+            layout = "blocks" if whole_blocks(L) else "vary"
+        elif L.granularity == PER_TENSOR:
+            layout = "one"
+        elif L.inner > 1:
+            layout = "one" if L.granularity == PER_AXIS else "vary"
+        else:
+            # longer blocks along the last axis: a call per block
+            layout = "vary" if L.granularity == PER_AXIS else "one"
+        return names[self.plan.fused_kind], layout
 
     @property
     def stochastic(self):
@@ -926,10 +1026,18 @@ cdef int check_out_storage(int out_format, bint is_float) except -1:
 cdef object flushed_scales(object scale, double min_normal):
     # The one-pass float32 loops read the scales flushed (subnormals="flush_inputs": an
     # x_scale below its type's smallest normal is a zero of its sign) once per call, not
-    # per element. float32 values: the threshold (2**-126, 2**-14) is a float32.
-    values = np.ascontiguousarray(scale, dtype=np.float32)
-    return np.where(np.abs(values) < np.float32(min_normal), np.copysign(np.float32(0.0), values),
-                    values).astype(np.float32)
+    # per element. float32 values: the threshold (2**-126, 2**-14) is a float32. One typed
+    # pass (a chain of numpy expressions took five over the 512K scales of a 16M blocked
+    # case, 3-10% of the call).
+    cdef const float[::1] values = np.ascontiguousarray(scale, dtype=np.float32).reshape(-1)
+    flushed = np.empty(values.shape[0], np.float32)
+    cdef float[::1] out = flushed
+    cdef float below = <float>min_normal
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(values.shape[0]):
+            out[i] = flush_subnormal_f32(values[i], below)
+    return flushed
 
 
 cdef int run_call(const void* x, int x_size, int bits, object scale, object zero_point,

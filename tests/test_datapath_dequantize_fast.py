@@ -248,6 +248,77 @@ def test_float32_short_blocks_share_the_one_pass_pieces():
                            n_threads=int(rng.integers(1, 4)))
 
 
+@pytest.mark.parametrize("block", [56, 50])
+def test_float32_blocks_stepped_from_a_piece_inside_a_block(block):
+    # Packed codes are unpacked 4096 at a time, and each piece starts the block stepping of
+    # datapath_fused_f32_range anew, at element 4096: row 8, column 96, inside a block.
+    # Rows of 500: blocks of 56 leave a short last block per row (the parameters spread per
+    # element), blocks of 50 divide the rows (the blocks loop, after a one-scale call for
+    # the partial block). A block of products beyond the largest finite hands its piece
+    # back. Scales below float32's smallest normal, +-0 among them, for flush_inputs (the
+    # once-per-call flushed scales).
+    rng = np.random.default_rng(31)
+    shape = (9, 500)
+    nb = -(-shape[1] // block)
+    codes = rng.integers(-8, 8, size=shape).astype(ml_dtypes.int4)
+    scale = ((rng.random((9, nb)) * 2 + 0.01) * rng.choice([-1, 1], (9, nb))).astype(np.float32)
+    scale[8, 1] = np.float32(2.0 ** -127)
+    scale[8, 2] = np.float32(-(2.0 ** -149) * 5)
+    scale[0, 0], scale[1, 0], scale[8, 3] = np.float32(0.0), np.float32(-0.0), np.float32(2.0 ** -126)
+    scale[4, 2] = np.float32(3e38)
+    zp = rng.integers(-8, 8, size=(9, nb)).astype(ml_dtypes.int4)
+    s = np.repeat(scale.astype(np.float64), block, axis=1)[:, :shape[1]]
+    d = codes.astype(np.float64) - np.repeat(zp.astype(np.float64), block, axis=1)[:, :shape[1]]
+    words = words_for(shape, 32)
+    level = _kernels.active.level
+    try:
+        for rounding in ROUNDINGS:
+            w = words if rounding == "stochastic" else None
+            for options in ({"rounding": rounding}, {"rounding": rounding, "subnormals": "flush_inputs"}):
+                kw = dict(axis=1, block_size=block, packed=True, dtype="int4", shape=shape, output_dtype="float32",
+                          datapath=qemu_q.Datapath(**options), random_bits=w)
+                what = f"int4 blocks of {block} {options}"
+                want = oracle(d, s, "float", "float32", options, w)
+                base.check(bits(general(qemu_q.pack(codes), scale, zp, **kw)), want, f"{what} (general)")
+                for lv in LEVELS:  # every level's loops
+                    _kernels.use(lv)
+                    got = qemu_q.dequantize_linear(qemu_q.pack(codes), scale, zp, n_threads=2, **kw)
+                    base.check(got, want, f"{what} {lv}")
+    finally:
+        _kernels.use(level)
+
+
+def test_float32_one_pass_ties_at_binade_edges():
+    # half_up / half_down find a tie as g = f - 2r with f - g == 2r (r = f - d * s,
+    # docs/semantics.md): where the two neighbours straddle a power of two the gap below it
+    # is half the gap above. 31 * 1082401 = 2**25 - 1 (the midpoint of 2**25 - 2 and 2**25:
+    # f = 2**25, the tie toward zero), 3 * 11184811 = 2**25 + 1 (of 2**25 and 2**25 + 2:
+    # f = 2**25, the tie away from zero), both signs of code and scale, the products normal
+    # down to 2**-124 (a subnormal scale, 1082401 * 2**-149) and up to 2**105.
+    codes = np.arange(-128, 128, dtype=np.int32).astype(np.int8)
+    scales = [sign * m * 2.0 ** k for m in (1082401, 11184811) for k in (-149, -60, 0, 80) for sign in (1, -1)]
+    scales = [sc for sc in scales if np.float32(sc) == sc and np.float32(sc) != 0]
+    codes2, scale = fused_rows(codes, scales)
+    d = codes2.astype(np.float64)
+    s = np.broadcast_to(scale.astype(np.float64)[:, None], codes2.shape)
+    zp = np.zeros(len(scale), np.int8)
+    w0 = np.zeros(codes2.shape, np.uint32)
+    x = (d * s)[d != 0]
+    ties = base.round_to(np.abs(x), 23, -126, "half_up", w0[d != 0]) != base.round_to(np.abs(x), 23, -126, "half_down", w0[d != 0])
+    assert ties.sum() >= 2 * len(scales), ties.sum()
+    level = _kernels.active.level
+    try:
+        for lv, rounding in itertools.product(LEVELS, ROUNDINGS):  # every level's loops
+            _kernels.use(lv)
+            w = words_for(codes2.shape, 33) if rounding == "stochastic" else None
+            check_both(codes2, scale, zp, d, s, "float", "float32", {"rounding": rounding}, w,
+                       f"binade ties {lv}", axis=0)
+            check_both(codes2.T.copy(), scale, zp, d.T, s.T, "float", "float32", {"rounding": rounding},
+                       None if w is None else w.T.copy(), f"binade ties, columns {lv}", axis=1)
+    finally:
+        _kernels.use(level)
+
+
 # ------------------------------------------- flushes, precisions, NaN / inf / 0 scales
 
 @pytest.mark.parametrize("out", OUTS)
@@ -363,6 +434,32 @@ def test_the_plan_says_which_loop_runs_at_every_level():
         module.DequantizeConfig(**{**fields, "datapath": False, "float32_parameters": True, "fast_datapath": True})
     with pytest.raises(ValueError, match="fast datapath loops"):
         module.DequantizeConfig(**{**dict(config_of(np.int32, up)[0].kernel_fields), "fast_datapath": True})
+
+
+def test_the_plan_names_the_one_pass_loops():
+    # which code kind and parameter layout of fused_f32_* a plan runs (DequantizeConfig's
+    # fused_loops): whole-byte codes their own kinds, short blocks along the last axis the
+    # blocks loops where the rows hold whole blocks, else spread per element
+    up = qemu_q.Datapath(rounding="up")
+
+    def loops(x_dtype, shape, scale_shape, axis, block=0, datapath=up):
+        plan = dq_module().dequantize_plan(None, (np.dtype(x_dtype), shape), (np.dtype(np.float32), scale_shape),
+                                           None, axis, block, None, True, datapath)
+        return plan.kernel_config().fused_loops
+
+    kinds = {np.int8: "int8", np.uint8: "uint8", ml_dtypes.int4: "sbyte", ml_dtypes.uint4: "ubyte",
+             np.int16: "sword", np.uint16: "uword", ml_dtypes.float8_e4m3fn: "small"}
+    for x_dtype, kind in kinds.items():
+        assert loops(x_dtype, (4,), (), 1) == (kind, "one"), x_dtype
+    assert loops(np.int8, (3, 64), (64,), 1) == ("int8", "vary")
+    assert loops(np.int8, (3, 64), (3,), 0) == ("int8", "one")
+    assert loops(ml_dtypes.int4, (3, 64), (3, 2), 1, 32) == ("sbyte", "blocks")
+    assert loops(ml_dtypes.int4, (3, 64), (3, 2), 1, 48) == ("sbyte", "vary")
+    assert loops(np.int8, (3, 256), (3, 2), 1, 128) == ("int8", "blocks")
+    assert loops(np.int8, (3, 258), (3, 2), 1, 129) == ("int8", "one")
+    assert loops(np.int8, (64, 3), (2, 3), 0, 32) == ("int8", "vary")
+    assert loops(np.int8, (4,), (), 1, datapath=qemu_q.Datapath()) is None
+    assert loops(np.int8, (4,), (), 1, datapath=qemu_q.Datapath(nan="canonical")) == ("int8", "one")
 
 
 # ------------------------------------- the one-pass float32 loops (fused_f32_*)
