@@ -955,7 +955,10 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # f - 2**31 is exact, below it the truncation to int32 is the floor: one conversion,
 # always in range, gives W or W - 2**31, and the bit 31 put back gives W - 2**31 as a
 # signed int32 either way. W + word >= 2**32 <=> W - 2**31 > 2**31 - 1 - word, a signed
-# compare on both sides (AVX2 has no unsigned one).
+# compare on both sides (AVX2 and SSE2 have no unsigned conversion or compare). Where the
+# level has both (AVX-512F: vcvttps2udq, vpcmpud), W = (uint32_t)f, the same floor (f is
+# exact and below 2**32), and W + word >= 2**32 <=> W > ~word: 5 vector operations for the
+# carry instead of 10, the same bit.
 # datapath_round_f32_stochastic: on the magnitude, as round_magnitude defines it: the
 # carry adds one unit away from 0; q's sign put back on the bits, then one truncation.
 cdef extern from *:
@@ -973,11 +976,15 @@ cdef extern from *:
     QEMU_Q_ALWAYS_INLINE float qemu_q_bits_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
     QEMU_Q_ALWAYS_INLINE uint32_t qemu_q_f32_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
     QEMU_Q_ALWAYS_INLINE int qemu_q_stochastic_carry_f32(float frac, uint32_t random_word) {
+    #if defined(__AVX512F__)
+        return (uint32_t)(frac * 4294967296.0f) > ~random_word;
+    #else
         float f = frac * 4294967296.0f;
         int32_t big = -(int32_t)(f >= 2147483648.0f);
         float low = f - qemu_q_bits_f32((uint32_t)big & 0x4F000000u);
         int32_t below = (int32_t)low | (int32_t)(~(uint32_t)big & 0x80000000u);
         return below > (int32_t)(0x7FFFFFFFu - random_word);
+    #endif
     }
     QEMU_Q_ALWAYS_INLINE int32_t qemu_q_round_f32_stochastic(float q, uint32_t random_word) {
         float a = fabsf(q);
