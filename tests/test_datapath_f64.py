@@ -144,7 +144,7 @@ def int32_near_ties(seed=0) -> tuple[np.ndarray, float]:
     base = np.round(ties * 2.0 ** 20).astype(np.int64)
     x = np.concatenate([base + d for d in (-3, -1, 0, 1, 3)] + [-base - 1, -base + 1])
     extremes = [2**31 - 1, -(2**31), -(2**31) + 1, 2**24 + 1, -(2**24) - 1, 0, 1, -1]
-    x = np.concatenate([x, extremes, rng.integers(-(2**31), 2**31, 2000)])
+    x = np.concatenate([x, extremes, rng.integers(-(2**31), 2**31, 600)])
     return np.clip(x, -(2**31), 2**31 - 1).astype(np.int32), 2.0 ** 20
 
 
