@@ -745,19 +745,28 @@ cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t
                     seg.param_index, seg.params_vary, seg.start, p)
 
 
+cdef inline Py_ssize_t line_offset(const y_storage_t* y) noexcept nogil:
+    # Elements of y's 64-byte line before y (y is aligned to its element size: check_aligned).
+    return <Py_ssize_t>((<size_t>y) % 64) // <Py_ssize_t>sizeof(y_storage_t)
+
+
 cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
                                      Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # As dequantize_range, into y[start : end] through an L1-resident buffer streamed out
     # piece by piece (_memory.pxd). Not with p.stream_direct, which would stream into the
-    # buffer.
+    # buffer. The pieces after the first start on a 64-byte line of y: a line split between
+    # two pieces would take plain stores for its ends (stream_store's head and tail) and
+    # streaming ones for the rest, which costs as much again as the whole loop (numpy puts
+    # large arrays 16 bytes past a page).
     cdef y_storage_t buffer[STREAM_PIECE]
     cdef Py_ssize_t piece = start
-    cdef Py_ssize_t piece_end
+    cdef Py_ssize_t piece_end = start + <Py_ssize_t>STREAM_PIECE - line_offset(y + start)
     while piece < end:
-        piece_end = min(piece + <Py_ssize_t>STREAM_PIECE, end)
+        piece_end = min(piece_end, end)
         dequantize_range(x + (piece - start), buffer, piece, piece_end, p)
         stream_store(y + piece, buffer, (piece_end - piece) * sizeof(y_storage_t))
         piece = piece_end
+        piece_end = piece + <Py_ssize_t>STREAM_PIECE
 
 
 cdef inline void dequantize_task(const dq_code_t* x, y_storage_t* y, const DequantizePlan* p,

@@ -324,6 +324,57 @@ def test_streamed_large_outputs(qtype, axis, restore_kernels):
 
 
 
+# (id, qtype, axis, block_size, datapath keywords, output_dtype): the datapath loops on
+# outputs of 8 MiB or more, written through the streamed pieces.
+STREAMED_DATAPATHS = [
+    ("int8_tensor_half_away", "int8", None, 0, {"rounding": "half_away"}, None),
+    ("int8_axis1_stochastic", "int8", 1, 0, {"rounding": "stochastic"}, None),
+    ("e4m3fn_tensor_flush", "float8e4m3fn", None, 0,
+     {"rounding": "toward_zero", "subnormals": "flush_both", "nan": "canonical"}, None),
+    ("int4_blocked_half_down", "int4", 1, 32, {"rounding": "half_down"}, None),
+    ("uint8_axis0_up_float16", "uint8", 0, 0, {"rounding": "up"}, "float16"),
+]
+
+
+@pytest.mark.parametrize("case", STREAMED_DATAPATHS, ids=[c[0] for c in STREAMED_DATAPATHS])
+def test_streamed_datapath_outputs(case, restore_kernels):
+    # A datapath's loops write a large output through L1 pieces streamed out, the pieces
+    # after the first starting on a 64-byte line of the output: the bits equal the two
+    # halves' (each below the streaming size) wherever the output starts within a line,
+    # at every level and thread count, with each element's random word where stochastic.
+    _, qtype, axis, block_size, options, output_dtype = case
+    rows, cols = 1024, 2100  # 2150400 elements: 8.2 MiB of float32, 4.1 MiB of float16
+    if output_dtype == "float16":
+        rows = 2048
+    rng = np.random.default_rng(zlib.crc32(f"streamed datapath {case[0]}".encode()))
+    dtype = np.dtype(ALL_TYPES[qtype])
+    width = qemu_q.element_type(qtype).bits
+    codes = (rng.integers(0, 256, (rows, cols), dtype=np.uint8) & ((1 << width) - 1)).astype(np.uint8).view(dtype)
+    pshape = _param_shape((rows, cols), axis, block_size)
+    scale = _scales(rng, pshape, special=False)
+    zp = _zero_point(rng, qtype, pshape)
+    datapath = qemu_q.Datapath(**options)
+    words = rng.integers(0, 2**32, (rows, cols), dtype=np.uint32) if options["rounding"] == "stochastic" else None
+    kw = {"axis": axis if axis is not None else 1, "block_size": block_size, "datapath": datapath,
+          "output_dtype": output_dtype}
+    halves = []
+    for part in (slice(0, rows // 2), slice(rows // 2, rows)):
+        s, z = (scale[part], zp[part]) if axis == 0 or block_size else (scale, zp)
+        bits = words[part] if words is not None else None
+        halves.append(qemu_q.dequantize_linear(codes[part], s, z, random_bits=bits, n_threads=1, **kw))
+    expected = np.concatenate(halves)
+    storage = np.empty(rows * cols + 64, dtype=expected.dtype)
+    lead = (-storage.ctypes.data % 64) // storage.itemsize
+    for level, n in itertools.product(LEVELS, (1, 2)):
+        _kernels.use(level)
+        for offset in (0, 5, 15):
+            out = storage[lead + offset: lead + offset + rows * cols].reshape(rows, cols)
+            out[...] = 0
+            got = qemu_q.dequantize_linear(codes, scale, zp, random_bits=words, out=out, n_threads=n, **kw)
+            assert got is out
+            assert_same_bits(out, expected, f"{case[0]} level={level} n_threads={n} offset={offset}")
+
+
 @pytest.mark.parametrize("block_size", [16, 32, 64, 128])
 @pytest.mark.parametrize("qtype", ["int4", "uint8", "int16", "float4e2m1", "float8e4m3fn"])
 def test_quantize_whole_blocks(qtype, block_size, restore_kernels):
