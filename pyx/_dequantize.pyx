@@ -461,11 +461,11 @@ cdef inline void round_products(const double* products, void* y, Py_ssize_t n, P
 
 cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_ssize_t at,
                                  const float* scale, const float* zero_point, int layout,
-                                 const DequantizePlan* p, float flush_below, bint canonical,
-                                 float nan) noexcept nogil:
+                                 Py_ssize_t first_run, const DequantizePlan* p, float flush_below,
+                                 bint canonical, float nan) noexcept nogil:
     # One piece of at most DATAPATH_CHUNK elements (the first one's index in the whole x:
     # at) through the one-pass loop of its parameter layout (FUSED_ONE, FUSED_VARY,
-    # FUSED_BLOCKS); a piece that loop flags (infinite or NaN products, tiny ones it cannot
+    # FUSED_BLOCKS: the piece's first first_run elements end the block of scale[0]); a piece that loop flags (infinite or NaN products, tiny ones it cannot
     # decide) is recomputed by the staged loops, which take every product (a piece of
     # blocks with its parameters spread per element first).
     cdef double products[DATAPATH_CHUNK]
@@ -475,12 +475,13 @@ cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_
     cdef const uint32_t* words = p.random_bits + at if p.random_bits != NULL else NULL
     cdef fused_f32_loop loop = (p.fused_vary if layout == FUSED_VARY else
                                 p.fused_blocks if layout == FUSED_BLOCKS else p.fused_one)
-    cdef int32_t unsafe = loop(x, y, k, scale, zero_point, words, &p.fused)
+    cdef Py_ssize_t skipped = p.fused.block_size - first_run
+    cdef int32_t unsafe = loop(x, y, k, scale, zero_point, words, first_run, &p.fused)
     if unsafe and p.fused_fallback:
         if layout == FUSED_BLOCKS:
             for i in range(k):
-                scales[i] = scale[i // p.fused.block_size]
-                zero_points[i] = zero_point[i // p.fused.block_size]
+                scales[i] = scale[(i + skipped) // p.fused.block_size]
+                zero_points[i] = zero_point[(i + skipped) // p.fused.block_size]
             datapath_products(x, products, k, scales, zero_points, True, p)
         else:
             datapath_products(x, products, k, scale, zero_point, layout == FUSED_VARY, p)
@@ -514,7 +515,7 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
     cdef Py_ssize_t offset, k, params, j
     cdef Py_ssize_t filled = 0
     cdef Py_ssize_t done = start
-    cdef Py_ssize_t pos, bs, axis_len, in_row, in_block, block, piece
+    cdef Py_ssize_t pos, bs, axis_len, in_row, in_block, block, piece, head
     cdef const float* scale32 = p.scale32
     cdef const float* zero_point32 = p.zero_point32
     cdef float sv, zv
@@ -540,22 +541,20 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
         pos = start
         if whole_blocks(&p.layout):
             # Rows of whole blocks: the blocks loop (FUSED_BLOCKS) reads each block's scale
-            # and zero point itself, on pieces of whole blocks (spreading them per element
-            # cost two stores per element, as much as the loop). A first partial block
-            # (a range starting inside one) takes the one-scale loop.
-            if in_block:
-                k = min(bs - in_block, end - pos)
-                fused_f32_piece(x, y, k, pos, scale32 + block, zero_point32 + block, FUSED_ONE, p,
-                                flush_below, canonical, nan)
-                pos += k
-                block += 1
+            # and zero point itself, on pieces ending on a block (spreading them per element
+            # cost two stores per element, as much as the loop). A range starting inside a
+            # block (the streamed pieces start on the output's lines) gives its first piece
+            # that block's rest first, in the same call.
+            head = bs - in_block
             piece = (<Py_ssize_t>DATAPATH_CHUNK // bs) * bs
             while pos < end:
-                k = min(piece, end - pos)
+                k = min(piece - bs + head, end - pos)
                 fused_f32_piece(x + (pos - start), y + (pos - start), k, pos, scale32 + block,
-                                zero_point32 + block, FUSED_BLOCKS, p, flush_below, canonical, nan)
+                                zero_point32 + block, FUSED_BLOCKS, head, p, flush_below,
+                                canonical, nan)
                 pos += k
-                block += k // bs
+                block += 1 + (k - head) // bs
+                head = bs
             return
         while pos < end:
             k = min(min(bs - in_block, axis_len - in_row), min(end - pos, <Py_ssize_t>DATAPATH_CHUNK - filled))
@@ -575,12 +574,12 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
                     in_row = 0
             if filled == DATAPATH_CHUNK:
                 fused_f32_piece(x + (done - start), y + (done - start), filled, done, scales,
-                                zero_points, FUSED_VARY, p, flush_below, canonical, nan)
+                                zero_points, FUSED_VARY, 0, p, flush_below, canonical, nan)
                 done += filled
                 filled = 0
         if filled:
             fused_f32_piece(x + (done - start), y + (done - start), filled, done, scales,
-                            zero_points, FUSED_VARY, p, flush_below, canonical, nan)
+                            zero_points, FUSED_VARY, 0, p, flush_below, canonical, nan)
         return
     while next_segment(&p.layout, &c, &seg):
         offset = 0
@@ -589,7 +588,8 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
             params = seg.param_index + (offset if seg.params_vary else 0)
             fused_f32_piece(x + (seg.start + offset - start), y + (seg.start + offset - start), k,
                             seg.start + offset, p.scale32 + params, p.zero_point32 + params,
-                            FUSED_VARY if seg.params_vary else FUSED_ONE, p, flush_below, canonical, nan)
+                            FUSED_VARY if seg.params_vary else FUSED_ONE, 0, p, flush_below,
+                            canonical, nan)
             offset += k
 
 

@@ -253,9 +253,10 @@ def test_float32_blocks_stepped_from_a_piece_inside_a_block(block):
     # Packed codes are unpacked 4096 at a time, and each piece starts the block stepping of
     # datapath_fused_f32_range anew, at element 4096: row 8, column 96, inside a block.
     # Rows of 500: blocks of 56 leave a short last block per row (the parameters spread per
-    # element), blocks of 50 divide the rows (the blocks loop, after a one-scale call for
-    # the partial block). A block of products beyond the largest finite hands its piece
-    # back. Scales below float32's smallest normal, +-0 among them, for flush_inputs (the
+    # element), blocks of 50 divide the rows (the blocks loop, its first block the partial
+    # one). A block of products beyond the largest finite hands its piece back, in the
+    # first piece and in the one starting inside a block (the staged loops then read each
+    # element's block from that offset). Scales below float32's smallest normal, +-0 among them, for flush_inputs (the
     # once-per-call flushed scales).
     rng = np.random.default_rng(31)
     shape = (9, 500)
@@ -265,7 +266,7 @@ def test_float32_blocks_stepped_from_a_piece_inside_a_block(block):
     scale[8, 1] = np.float32(2.0 ** -127)
     scale[8, 2] = np.float32(-(2.0 ** -149) * 5)
     scale[0, 0], scale[1, 0], scale[8, 3] = np.float32(0.0), np.float32(-0.0), np.float32(2.0 ** -126)
-    scale[4, 2] = np.float32(3e38)
+    scale[4, 2] = scale[8, 4] = np.float32(3e38)
     zp = rng.integers(-8, 8, size=(9, nb)).astype(ml_dtypes.int4)
     s = np.repeat(scale.astype(np.float64), block, axis=1)[:, :shape[1]]
     d = codes.astype(np.float64) - np.repeat(zp.astype(np.float64), block, axis=1)[:, :shape[1]]
