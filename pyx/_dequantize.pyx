@@ -56,8 +56,7 @@ cdef struct DatapathRounding:
 # What the one-pass float32 loops read (fused_f32_*, DequantizePlan.fused).
 cdef struct FusedF32:
     int code_shift             # integer codes in bytes: 32 - bits (see integer_code)
-    float x_min                # small-float codes below it are read as zeros (0: none)
-    SmallFloat32Decoder decoder
+    SmallFloat32Decoder decoder  # subnormal_step 0 where the datapath flushes inputs
     Py_ssize_t block_size      # FUSED_BLOCKS: elements per scale
 
 
@@ -922,8 +921,11 @@ cdef class DequantizeConfig:
         p.fused_blocks = fused_f32_loop_for(p.rounding, kind, FUSED_BLOCKS)
         p.fused.block_size = self.plan.layout.block_size
         p.fused.code_shift = self.plan.code_shift
-        p.fused.x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
         p.fused.decoder = self.plan.decoder
+        if p.flush_inputs:
+            # subnormal codes decode to a zero of their sign: the input flush, with no
+            # operation of its own in the loops
+            p.fused.decoder.subnormal_step = 0.0
         self.code_size = code_size
         self.code_bits = code_bits
         self.float32_parameters = float32_parameters
