@@ -406,6 +406,9 @@ def test_the_plan_says_which_loop_runs_at_every_level():
                     ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
         assert config_of(x_dtype, up)[1].fast_datapath, x_dtype
         assert not config_of(x_dtype, qemu_q.Datapath())[1].fast_datapath, x_dtype  # the ONNX kernels
+        # into float16 / bfloat16 the default takes the datapath loops (vectorized)
+        for scale_dtype in (np.float16, ml_dtypes.bfloat16):
+            assert config_of(x_dtype, qemu_q.Datapath(), scale_dtype)[1].fast_datapath, (x_dtype, scale_dtype)
     assert not config_of(np.int32, up)[1].fast_datapath  # 32-bit codes: the general loop
     _dispatch.FAST_KERNELS = False
     try:
@@ -435,6 +438,36 @@ def test_the_plan_says_which_loop_runs_at_every_level():
         module.DequantizeConfig(**{**fields, "datapath": False, "float32_parameters": True, "fast_datapath": True})
     with pytest.raises(ValueError, match="fast datapath loops"):
         module.DequantizeConfig(**{**dict(config_of(np.int32, up)[0].kernel_fields), "fast_datapath": True})
+
+
+@pytest.mark.parametrize("scale_dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_the_default_into_half_formats_equals_the_onnx_kernels(scale_dtype):
+    # The default datapath into float16 / bfloat16 runs the fast datapath loops (the ONNX
+    # kernels' loop there is scalar): bit for bit the ONNX kernels' general loop
+    # (FAST_KERNELS=False) for every code of each kind (and zero points at the ends of its
+    # range) times every float16 / bfloat16 scale pattern: NaN payloads of either sign, a
+    # NaN code against a NaN scale, infinities, subnormals, zeros of either sign.
+    scales = np.arange(65536, dtype=np.uint16).view(scale_dtype)
+    rng = np.random.default_rng(16)
+    kinds = [
+        (np.arange(-128, 128, dtype=np.int8), [np.int8(-128), np.int8(127), np.int8(5)]),
+        (np.arange(256, dtype=np.uint8), [np.uint8(0), np.uint8(255)]),
+        (rng.integers(-32768, 32768, 64).astype(np.int16), [np.int16(-32768), np.int16(32767)]),
+        (rng.integers(0, 65536, 64).astype(np.uint16), [np.uint16(65535)]),
+        (np.arange(-8, 8).astype(ml_dtypes.int4), [ml_dtypes.int4(-8)]),
+        (np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn), [None]),
+        (np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e5m2), [None]),
+        (np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fnuz), [None]),
+    ]
+    for codes, zero_points in kinds:
+        x = np.repeat(codes[:, None], scales.size, axis=1)
+        for zp in zero_points:
+            z = None if zp is None else np.full(scales.size, zp, dtype=codes.dtype)
+            want = general(x, scales, z, axis=1)
+            got = qemu_q.dequantize_linear(x, scales, z, axis=1, n_threads=2)
+            mismatch = np.argwhere(bits(got) != bits(want))
+            assert mismatch.size == 0, (codes.dtype, zp, [(codes[i], hex(int(bits(scales)[j])), hex(int(bits(got)[i, j])),
+                                                           hex(int(bits(want)[i, j]))) for i, j in mismatch[:4]])
 
 
 def test_the_plan_names_the_one_pass_loops():

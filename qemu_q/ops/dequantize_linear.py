@@ -135,14 +135,21 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                 and scale_type.name in _FLOAT32_EXACT_SCALES)):
         datapath = dataclasses.replace(datapath, scale_precision=None)
     # `datapath` holds only the fields DequantizeLinear reads: anything but the default
-    # runs the general datapath loop, on float64 parameters; the ONNX default changes no path.
+    # runs the general datapath loop, on float64 parameters, or the vectorized ones below.
     use_datapath = datapath != ONNX
     # 8- and 16-bit integer codes and 8-bit small floats times a float32-exact scale: the
     # product is exact in double and the vectorized datapath loops round it
     # (pyx/_dequantize_datapath_loops.pxi.tp); FAST_KERNELS=False keeps the general loop.
-    fast_datapath = (use_datapath and fast_kernels and scale_type.name in _FLOAT32_EXACT_SCALES
-                     and ((integer and x_type.bits <= 16 and x_type.storage.itemsize <= 2)
-                          or (x_type.kind == "small_float" and x_type.storage.itemsize == 1)))
+    exact_products = (fast_kernels and scale_type.name in _FLOAT32_EXACT_SCALES
+                      and ((integer and x_type.bits <= 16 and x_type.storage.itemsize <= 2)
+                           or (x_type.kind == "small_float" and x_type.storage.itemsize == 1)))
+    # Into float16 / bfloat16 the default takes those loops too: the ONNX kernels' loop
+    # there rounds per element with the format a run-time value (scalar), and the datapath
+    # loops under the default datapath round the same exact product once, to nearest even,
+    # NaN for NaN: the same bits (tests/test_datapath_dequantize_fast.py checks every code of
+    # each kind against every float16 and bfloat16 scale pattern, NaN payloads included).
+    fast_datapath = exact_products and (use_datapath or out_type.value_format != FMT_FLOAT32)
+    use_datapath = use_datapath or fast_datapath
     if use_datapath:
         fast_kernels = False
     fields = dict(
