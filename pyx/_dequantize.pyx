@@ -10,7 +10,7 @@ import numpy as np
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fma, copysign, ldexp, isinf, INFINITY
-from libc.stdint cimport int8_t, uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t
 
 from _codecs cimport (
     y_storage_t,
@@ -29,7 +29,8 @@ from _layout cimport (
 from _tasks cimport run_tasks
 from _subbyte cimport unpack_codes
 from _memory cimport (
-    stream_store, stream_fence, check_aligned, random_words, HAVE_STREAM, STREAM_MIN_BYTES, STREAM_PIECE,
+    stream_store, stream_fence, check_aligned, line_head, random_words, HAVE_STREAM, STREAM_MIN_BYTES,
+    STREAM_PIECE,
     NO_DOUBLE, NO_FLOAT, float64_parameters, float32_parameters,
 )
 
@@ -234,7 +235,7 @@ cdef inline void run_integer_bytes_f32_streamed(const uint8_t* x, float* y, Py_s
                                                 const float* scale, const float* zero_point,
                                                 bint params_vary, int shift, bint signed) noexcept nogil:
     # As run_integer_bytes_f32, the whole 64-byte lines of y written by stream_integer_values.
-    cdef Py_ssize_t head = min(n, <Py_ssize_t>((-<uintptr_t>y) & 63) // <Py_ssize_t>sizeof(float))
+    cdef Py_ssize_t head = min(n, line_head(y, sizeof(float)))
     cdef Py_ssize_t lines = (n - head) // 16 * 16
     cdef Py_ssize_t k = head if params_vary else 0
     cdef Py_ssize_t t = head + lines if params_vary else 0
@@ -464,9 +465,10 @@ cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_
                                  bint canonical, float nan) noexcept nogil:
     # One piece of at most DATAPATH_CHUNK elements (the first one's index in the whole x:
     # at) through the one-pass loop of its parameter layout (FUSED_ONE, FUSED_VARY,
-    # FUSED_BLOCKS: the piece's first first_run elements end the block of scale[0]); a piece that loop flags (infinite or NaN products, tiny ones it cannot
-    # decide) is recomputed by the staged loops, which take every product (a piece of
-    # blocks with its parameters spread per element first).
+    # FUSED_BLOCKS: the piece's first first_run elements end the block of scale[0]); a
+    # piece that loop flags (infinite or NaN products, tiny ones it cannot decide) is
+    # recomputed by the staged loops, which take every product (a piece of blocks with its
+    # parameters spread per element first, from the first_run offset).
     cdef double products[DATAPATH_CHUNK]
     cdef float scales[DATAPATH_CHUNK]
     cdef float zero_points[DATAPATH_CHUNK]
@@ -474,10 +476,11 @@ cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_
     cdef const uint32_t* words = p.random_bits + at if p.random_bits != NULL else NULL
     cdef fused_f32_loop loop = (p.fused_vary if layout == FUSED_VARY else
                                 p.fused_blocks if layout == FUSED_BLOCKS else p.fused_one)
-    cdef Py_ssize_t skipped = p.fused.block_size - first_run
+    cdef Py_ssize_t skipped
     cdef int32_t unsafe = loop(x, y, k, scale, zero_point, words, first_run, &p.fused)
     if unsafe and p.fused_fallback:
         if layout == FUSED_BLOCKS:
+            skipped = p.fused.block_size - first_run
             for i in range(k):
                 scales[i] = scale[(i + skipped) // p.fused.block_size]
                 zero_points[i] = zero_point[(i + skipped) // p.fused.block_size]
@@ -744,22 +747,19 @@ cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t
                     seg.param_index, seg.params_vary, seg.start, p)
 
 
-cdef inline Py_ssize_t line_offset(const y_storage_t* y) noexcept nogil:
-    # Elements of y's 64-byte line before y (y is aligned to its element size: check_aligned).
-    return <Py_ssize_t>((<size_t>y) % 64) // <Py_ssize_t>sizeof(y_storage_t)
-
-
 cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
                                      Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # As dequantize_range, into y[start : end] through an L1-resident buffer streamed out
     # piece by piece (_memory.pxd). Not with p.stream_direct, which would stream into the
-    # buffer. The pieces after the first start on a 64-byte line of y: a line split between
-    # two pieces would take plain stores for its ends (stream_store's head and tail) and
-    # streaming ones for the rest, which costs as much again as the whole loop (numpy puts
-    # large arrays 16 bytes past a page).
+    # buffer. The first piece ends on a 64-byte line of y (line_head), the others start on
+    # one: a line split between two pieces would take plain stores for its ends
+    # (stream_store's head and tail) and streaming ones for the rest, which costs as much
+    # again as the whole loop (numpy puts large arrays 16 bytes past a page).
     cdef y_storage_t buffer[STREAM_PIECE]
     cdef Py_ssize_t piece = start
-    cdef Py_ssize_t piece_end = start + <Py_ssize_t>STREAM_PIECE - line_offset(y + start)
+    cdef Py_ssize_t piece_end = start + line_head(y + start, sizeof(y_storage_t))
+    if piece_end == start:
+        piece_end = start + <Py_ssize_t>STREAM_PIECE
     while piece < end:
         piece_end = min(piece_end, end)
         dequantize_range(x + (piece - start), buffer, piece, piece_end, p)

@@ -1,4 +1,4 @@
-from libc.stdint cimport int32_t, uint32_t
+from libc.stdint cimport int32_t, uint32_t, uintptr_t
 
 # Memory-traffic helpers: software prefetch of the kernels' input streams, and streaming
 # (non-temporal) stores for DequantizeLinear's large outputs.
@@ -91,6 +91,12 @@ cdef enum:
     # Elements computed into the L1-resident buffer per streamed piece (a multiple of 8):
     # 2 KiB of float32, the best of 512 to 4096 on per-axis output.
     STREAM_PIECE = 512
+
+
+cdef inline Py_ssize_t line_head(const void* p, size_t element_size) noexcept nogil:
+    # Elements from p to the next 64-byte line (0 where p starts one; p aligned to its
+    # element size): the plain-store head before a run of whole streamed lines.
+    return <Py_ssize_t>((-<uintptr_t>p) & 63) // <Py_ssize_t>element_size
 
 
 cdef inline int check_aligned(const void* data, size_t element_size, str argument) except -1:

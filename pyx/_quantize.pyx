@@ -9,7 +9,7 @@
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fabsf, copysign, fma, frexp, isnan, isinf
-from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uint64_t
 
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
@@ -37,7 +37,8 @@ from _codecs cimport (
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
-    prefetch, stream_fence, check_aligned, random_words, PREFETCH_BLOCK, PREFETCH_AHEAD, STREAM_MIN_BYTES,
+    prefetch, stream_fence, check_aligned, line_head, random_words, PREFETCH_BLOCK, PREFETCH_AHEAD,
+    STREAM_MIN_BYTES,
     NO_DOUBLE, NO_FLOAT, NO_INT32, float64_parameters, float32_parameters, int32_parameters,
 )
 
@@ -418,7 +419,7 @@ cdef inline void run_f32_integer(const float* x, code_storage_t* y, Py_ssize_t n
     elif not stream:
         run_f32_integer_constant(x, y, n, scale[0], zero_point[0], lo, hi, mask)
     else:
-        head = min(n, <Py_ssize_t>((-<uintptr_t>y) & 63) // <Py_ssize_t>sizeof(code_storage_t))
+        head = min(n, line_head(y, sizeof(code_storage_t)))
         lines = (n - head) // per_line * per_line
         run_f32_integer_constant(x, y, head, scale[0], zero_point[0], lo, hi, mask)
         stream_integer_codes(x + head, y + head, lines, sizeof(code_storage_t), scale[0],
