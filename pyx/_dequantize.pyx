@@ -42,6 +42,10 @@ cdef enum:
     # Blocks along the last axis at most this long share the one-pass float32 loops'
     # pieces (datapath_fused_f32_range); longer ones take a call each.
     FUSED_SHARED_BLOCK = 128
+    # The segments (runs of one scale, or of one scale per element) of a streamed output
+    # at least this long are streamed from the one-pass loops' registers (fused_stream):
+    # the partial 64-byte lines at their ends take plain stores.
+    FUSED_STREAM_SEGMENT = 512
 
 
 # What the datapath rounding loops read (DequantizePlan.round_fields).
@@ -95,7 +99,7 @@ ctypedef fused param_t:
 
 
 # Integer codes of 8 bits or fewer into float32, written with streaming stores straight
-# from the registers (AVX-512 builds only): the arithmetic of run_integer_bytes_f32,
+# from the registers (AVX-512 and AVX2 builds): the arithmetic of run_integer_bytes_f32,
 # operation for operation (the code's bits moved to the top of an int32 and back, the
 # conversion, x - zero_point, the product). Faster than computing into an L1 buffer and
 # streaming that, which the other outputs of 8 MiB or more still do (docs/performance.md).
@@ -123,6 +127,27 @@ cdef extern from *:
                 z = _mm512_loadu_ps(zero_point + i);
             }
             _mm512_stream_ps(y + i, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(code), z), s));
+        }
+    }
+    #elif defined(__x86_64__) && defined(__AVX2__)
+    #include <immintrin.h>
+    #define QEMU_Q_HAVE_STREAM_VALUES 1
+    /* The same, 8 values at a time (n a multiple of 16, y 64-byte aligned). */
+    static inline void qemu_q_stream_integer_values(const uint8_t *x, float *y, Py_ssize_t n,
+                                                    const float *scale, const float *zero_point,
+                                                    int params_vary, int shift, int is_signed) {
+        __m256 s = _mm256_set1_ps(scale[0]), z = _mm256_set1_ps(zero_point[0]);
+        __m128i count = _mm_cvtsi32_si128(shift);
+        Py_ssize_t i;
+        for (i = 0; i < n; i += 8) {
+            __m256i top = _mm256_sll_epi32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x + i))), count);
+            __m256i code = is_signed ? _mm256_sra_epi32(top, count) : _mm256_srl_epi32(top, count);
+            if (params_vary) {
+                s = _mm256_loadu_ps(scale + i);
+                z = _mm256_loadu_ps(zero_point + i);
+            }
+            _mm256_stream_ps(y + i, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(code), z), s));
         }
     }
     #else
@@ -193,6 +218,12 @@ cdef struct DequantizePlan:
     fused_f32_loop fused_blocks
     int fused_kind
     FusedF32 fused
+    # ... and, for a streamed output of long segments (AVX2 and AVX-512 builds), the loop of the
+    # mode and kind that streams each result from its register, reading stream_fields
+    bint fused_stream
+    fused_stream_loop stream_loop
+    FusedStreamFields stream_fields
+    int stream_finish          # the result pass in the streamed loops: 1 flush, 2 canonical NaN
 
 
 cdef inline float code_value(dq_code_t c, const float* table, bint signed16) noexcept nogil:
@@ -459,7 +490,7 @@ cdef inline void round_products(const double* products, void* y, Py_ssize_t n, P
                  &p.round_fields)
 
 
-cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_ssize_t at,
+cdef inline void fused_f32_plain(const dq_code_t* x, float* y, Py_ssize_t k, Py_ssize_t at,
                                  const float* scale, const float* zero_point, int layout,
                                  Py_ssize_t first_run, const DequantizePlan* p, float flush_below,
                                  bint canonical, float nan) noexcept nogil:
@@ -492,9 +523,85 @@ cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_
         finish_f32(y, k, flush_below, canonical, nan)
 
 
+cdef inline Py_ssize_t blocks_after(Py_ssize_t q, Py_ssize_t first_run, Py_ssize_t bs,
+                                    Py_ssize_t* run) noexcept nogil:
+    # Blocks of bs elements, the first one's first_run starting the piece: the block of
+    # the piece's element q (its index from the first) and, in run, its elements from q on.
+    if q < first_run:
+        run[0] = first_run - q
+        return 0
+    run[0] = bs - (q - first_run) % bs
+    return 1 + (q - first_run) // bs
+
+
+cdef inline void fused_f32_piece(const dq_code_t* x, float* y, Py_ssize_t k, Py_ssize_t at,
+                                 const float* scale, const float* zero_point, int layout,
+                                 Py_ssize_t first_run, const DequantizePlan* p, float flush_below,
+                                 bint canonical, float nan) noexcept nogil:
+    # fused_f32_plain, or (p.fused_stream) its whole 64-byte lines of y by p.stream_loop,
+    # the same bits streamed from the registers, and the partial lines at the ends by
+    # fused_f32_plain. A piece the streamed loop flags is written again by fused_f32_plain,
+    # after a fence (streaming stores are weakly ordered with the plain stores that replace
+    # them).
+    cdef Py_ssize_t head, lines, params, tail_params
+    cdef Py_ssize_t run = 0
+    cdef Py_ssize_t tail_run = 0
+    cdef Py_ssize_t bs = p.fused.block_size
+    cdef const uint32_t* words
+    if not p.fused_stream:
+        fused_f32_plain(x, y, k, at, scale, zero_point, layout, first_run, p, flush_below,
+                        canonical, nan)
+        return
+    head = min(line_head(y, sizeof(float)), k)
+    lines = (k - head) & ~(<Py_ssize_t>15)
+    # the parameters of the lines' first element and of the tail's
+    if layout == FUSED_BLOCKS:
+        params = blocks_after(head, first_run, bs, &run)
+        tail_params = blocks_after(head + lines, first_run, bs, &tail_run)
+    else:
+        params = head if layout == FUSED_VARY else 0
+        tail_params = head + lines if layout == FUSED_VARY else 0
+    if head:
+        fused_f32_plain(x, y, head, at, scale, zero_point, layout, first_run, p, flush_below,
+                        canonical, nan)
+    if lines:
+        words = p.random_bits + at + head if p.random_bits != NULL else NULL
+        if p.stream_loop(x + head, y + head, lines, scale + params, zero_point + params, words,
+                         &p.stream_fields, layout, bs, run, p.stream_finish) and p.fused_fallback:
+            stream_fence()
+            fused_f32_plain(x + head, y + head, lines, at + head, scale + params,
+                            zero_point + params, layout, run, p, flush_below, canonical, nan)
+    if head + lines < k:
+        fused_f32_plain(x + head + lines, y + head + lines, k - head - lines, at + head + lines,
+                        scale + tail_params, zero_point + tail_params, layout, tail_run, p,
+                        flush_below, canonical, nan)
+
+
 cdef inline bint shares_pieces(const Layout* L) noexcept nogil:
     # Short blocks along the last axis, gathered into the one-pass loops' pieces.
     return L.granularity == BLOCKED and L.inner == 1 and L.block_size <= <Py_ssize_t>FUSED_SHARED_BLOCK
+
+
+cdef inline bint long_segments(const Layout* L) noexcept nogil:
+    # The layout's segments (next_segment) hold FUSED_STREAM_SEGMENT elements or more.
+    cdef Py_ssize_t length
+    if L.granularity == PER_TENSOR:
+        return True
+    if L.inner > 1:
+        length = L.inner
+    elif L.granularity == PER_AXIS:
+        length = L.axis_len
+    else:
+        length = L.block_size
+    return length >= <Py_ssize_t>FUSED_STREAM_SEGMENT and not shares_pieces(L)
+
+
+cdef inline bint streamed_fused_layout(const DequantizePlan* p, const Layout* L) noexcept nogil:
+    # Whether the one-pass float32 loops stream their results from the registers
+    # (fused_stream) where the output is large: the build has the loops, and the layout's
+    # segments are long, or its blocks of 16 or more tile the rows (the blocks loop).
+    return (p.fused_f32 and p.stream_loop != NULL
+            and (long_segments(L) or (shares_pieces(L) and whole_blocks(L) and L.block_size >= 16)))
 
 
 cdef inline bint whole_blocks(const Layout* L) noexcept nogil:
@@ -549,14 +656,17 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
             # that block's rest first, in the same call.
             head = bs - in_block
             piece = (<Py_ssize_t>DATAPATH_CHUNK // bs) * bs
+            if p.fused_stream:
+                # pieces ending on lines of y (the first one's end too), not on blocks
+                piece = <Py_ssize_t>DATAPATH_CHUNK - 16 + line_head(y, sizeof(float))
             while pos < end:
-                k = min(piece - bs + head, end - pos)
+                k = min(piece - bs + head if not p.fused_stream else piece, end - pos)
                 fused_f32_piece(x + (pos - start), y + (pos - start), k, pos, scale32 + block,
                                 zero_point32 + block, FUSED_BLOCKS, head, p, flush_below,
                                 canonical, nan)
                 pos += k
-                block += 1 + (k - head) // bs
-                head = bs
+                block += blocks_after(k, head, bs, &head)
+                piece = <Py_ssize_t>DATAPATH_CHUNK
             return
         while pos < end:
             k = min(min(bs - in_block, axis_len - in_row), min(end - pos, <Py_ssize_t>DATAPATH_CHUNK - filled))
@@ -587,6 +697,10 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
         offset = 0
         while offset < seg.length:
             k = min(seg.length - offset, <Py_ssize_t>DATAPATH_CHUNK)
+            if p.fused_stream and offset == 0:
+                # the first piece ends on a line of y: the next ones stream whole lines
+                k = min(k, line_head(y + (seg.start - start), sizeof(float))
+                        + <Py_ssize_t>DATAPATH_CHUNK - 16)
             params = seg.param_index + (offset if seg.params_vary else 0)
             fused_f32_piece(x + (seg.start + offset - start), y + (seg.start + offset - start), k,
                             seg.start + offset, p.scale32 + params, p.zero_point32 + params,
@@ -772,7 +886,7 @@ cdef inline void dequantize_task(const dq_code_t* x, y_storage_t* y, const Dequa
                                  Py_ssize_t task) noexcept nogil:
     cdef Py_ssize_t start = task * p.layout.task_size
     cdef Py_ssize_t end = min(start + p.layout.task_size, p.layout.size)
-    if p.stream_direct:
+    if p.stream_direct or p.fused_stream:
         dequantize_range(x + start, y + start, start, end, p)
         stream_fence()
     elif p.stream:
@@ -794,7 +908,7 @@ cdef inline void dequantize_packed_task(const uint8_t* packed, int bits, y_stora
     while piece < end:
         piece_end = min(piece + <Py_ssize_t>UNPACK_BUFFER, end)
         unpack_codes(packed + piece * bits // 8, piece_end - piece, buffer, bits)
-        if p.stream and not p.stream_direct:
+        if p.stream and not (p.stream_direct or p.fused_stream):
             dequantize_streamed(buffer, y, piece, piece_end, p)
         else:
             dequantize_range(buffer, y + piece, piece, piece_end, p)
@@ -926,6 +1040,25 @@ cdef class DequantizeConfig:
             # subnormal codes decode to a zero of their sign: the input flush, with no
             # operation of its own in the loops
             p.fused.decoder.subnormal_step = 0.0
+        p.stream_loop = fused_stream_loop_for(p.rounding, kind) if p.fused_f32 else NULL
+        p.stream_fields.code_shift = p.fused.code_shift
+        p.stream_fields.code_mask = p.fused.decoder.code_mask
+        p.stream_fields.sign_shift = p.fused.decoder.sign_shift
+        p.stream_fields.magnitude_mask = p.fused.decoder.magnitude_mask
+        p.stream_fields.shift = p.fused.decoder.shift
+        p.stream_fields.exponent_rebias = p.fused.decoder.exponent_rebias
+        p.stream_fields.min_normal_magnitude = p.fused.decoder.min_normal_magnitude
+        p.stream_fields.inf_magnitude = p.fused.decoder.inf_magnitude
+        p.stream_fields.nan_magnitude = p.fused.decoder.nan_magnitude
+        p.stream_fields.nan_code = p.fused.decoder.nan_code
+        p.stream_fields.subnormal_step = p.fused.decoder.subnormal_step
+        # the result pass of datapath_fused_f32_range (finish_f32): the flush, and the
+        # canonical NaN where the one-pass loops can give a NaN (the others hand it back)
+        p.stream_fields.flush_bits = <int32_t>float_bits(<float>p.round_fields.flush_below)
+        p.stream_fields.nan_bits = <int32_t>p.nan_bits
+        p.stream_finish = ((p.stream_fields.flush_bits != 0)
+                           | (2 * (p.canonical_nan and (p.rounding == DP_HALF_EVEN or p.small_float_bytes))))
+        p.fused_stream = False
         self.code_size = code_size
         self.code_bits = code_bits
         self.float32_parameters = float32_parameters
@@ -968,6 +1101,14 @@ cdef class DequantizeConfig:
         return names[self.plan.fused_kind], layout
 
     @property
+    def streams_fused_loops(self):
+        """Whether outputs of STREAM_MIN_BYTES or more stream the one-pass float32 loops'
+        results from their registers (fused_stream: an AVX2 or AVX-512 build; segments of
+        FUSED_STREAM_SEGMENT elements or more, or blocks of 16 or more along the last axis
+        in rows of whole blocks)."""
+        return streamed_fused_layout(&self.plan, &self.plan.layout)
+
+    @property
     def stochastic(self):
         return self.plan.datapath and self.plan.rounding == DP_STOCHASTIC
 
@@ -996,6 +1137,7 @@ cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero
     p.stream_direct = (p.stream and HAVE_STREAM_VALUES and p.integer_bytes and p.fast
                        and p.out_format == FMT_FLOAT32
                        and not (p.layout.granularity == BLOCKED and p.layout.inner == 1))
+    p.fused_stream = p.stream and streamed_fused_layout(&p, &p.layout)
     return p
 
 

@@ -20,6 +20,7 @@ dequantize_linear(q).
 """
 
 import itertools
+import sys
 import zlib
 
 import ml_dtypes
@@ -373,6 +374,80 @@ def test_streamed_datapath_outputs(case, restore_kernels):
             got = qemu_q.dequantize_linear(codes, scale, zp, random_bits=words, out=out, n_threads=n, **kw)
             assert got is out
             assert_same_bits(out, expected, f"{case[0]} level={level} n_threads={n} offset={offset}")
+
+
+# The one-pass float32 loops' code kinds (pyx/_dequantize.pyx, FUSED_*): each streamed from
+# its registers at the AVX2 and AVX-512 levels (fused_stream) on large outputs.
+FUSED_KIND_TYPES = ["int4", "uint4", "int16", "uint16", "float8e4m3fn", "int8", "uint8"]
+ROUNDINGS = ["half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up",
+             "to_odd", "stochastic"]
+
+
+@pytest.mark.parametrize("qtype", FUSED_KIND_TYPES)
+def test_fused_loops_streamed_from_registers(qtype, restore_kernels):
+    # Large float32 outputs of the one-pass loops: at the AVX2 and AVX-512 levels each
+    # whole 64-byte line is streamed from the registers (per tensor, runs of one scale per
+    # row, one scale per element, blocks of 16 and 32), the partial lines at the ends of
+    # each piece written by the L1 loops, and a piece with products those loops hand back
+    # (infinite, NaN, too tiny: the huge, subnormal and NaN scales and codes here) written
+    # again by them. Every mode, and the result pass (output flush, canonical NaN), equals
+    # the two halves' bits (each below the streaming size, so not streamed) at every level.
+    rows, cols = 1024, 2112  # 2162688 elements: 8.25 MiB of float32
+    rng = np.random.default_rng(zlib.crc32(f"fused streamed {qtype}".encode()))
+    dtype = np.dtype(ALL_TYPES[qtype])
+    if dtype.itemsize == 2:
+        codes = rng.integers(0, 1 << 16, (rows, cols), dtype=np.uint16).view(dtype)
+    else:
+        width = qemu_q.element_type(qtype).bits
+        codes = (rng.integers(0, 256, (rows, cols), dtype=np.uint8) & ((1 << width) - 1)).view(dtype)
+    words = rng.integers(0, 2**32, (rows, cols), dtype=np.uint32)
+    layouts = [(None, 0), (0, 0), (1, 0), (1, 16), (1, 32)]
+    datapaths = [{"rounding": mode} for mode in ROUNDINGS] + [
+        {"rounding": "half_even", "nan": "canonical", "subnormals": "flush_outputs"},
+        {"rounding": "half_up", "nan": "canonical", "subnormals": "flush_both"},
+        {"rounding": "stochastic", "subnormals": "flush_outputs"},
+    ]
+    storage = np.empty(rows * cols + 64, np.float32)
+    lead = (-storage.ctypes.data % 64) // 4
+    for case, (options, (axis, block_size)) in enumerate(itertools.product(datapaths, layouts)):
+        pshape = _param_shape((rows, cols), axis, block_size)
+        scale = _scales(rng, pshape)
+        if pshape:
+            flat = scale.reshape(-1)
+            flat[rng.choice(flat.size, 6, replace=False)] = [3e38, -3e38, 1e-42, -2e-40, 2.0 ** -100, 2.0 ** 120]
+        zp = _zero_point(rng, qtype, pshape)
+        datapath = qemu_q.Datapath(**options)
+        bits = words if options["rounding"] == "stochastic" else None
+        kw = {"axis": axis if axis is not None else 1, "block_size": block_size, "datapath": datapath}
+        halves = []
+        for part in (slice(0, rows // 2), slice(rows // 2, rows)):
+            s, z = (scale[part], zp[part]) if axis == 0 or block_size else (scale, zp)
+            halves.append(qemu_q.dequantize_linear(codes[part], s, z, n_threads=1,
+                                                   random_bits=None if bits is None else bits[part], **kw))
+        expected = np.concatenate(halves)
+        offset = (0, 5, 15)[case % 3]
+        out = storage[lead + offset: lead + offset + rows * cols].reshape(rows, cols)
+        for level in LEVELS:
+            _kernels.use(level)
+            out[...] = 0
+            got = qemu_q.dequantize_linear(codes, scale, zp, random_bits=bits, out=out, n_threads=2, **kw)
+            assert got is out
+            assert_same_bits(out, expected, f"{qtype} {options} axis={axis} block={block_size} "
+                                            f"level={level} offset={offset}")
+    # the AVX2 and AVX-512 levels stream these layouts from the registers
+    for level in set(LEVELS) & {"x86-64-v3", "x86-64-v4"}:
+        _kernels.use(level)
+        module = _dispatch.entry_module(_dispatch.Path.DEQUANTIZE)
+        for axis, block_size in layouts:
+            pshape = _param_shape((rows, cols), axis, block_size)
+            plan = module_plan(codes, pshape, axis, block_size, qemu_q.Datapath(rounding="up"))
+            assert module.DequantizeConfig(**dict(plan.kernel_fields)).streams_fused_loops, (level, axis, block_size)
+
+
+def module_plan(codes, pshape, axis, block_size, datapath):
+    dq = sys.modules["qemu_q.ops.dequantize_linear"]
+    return dq.dequantize_plan(None, (codes.dtype, codes.shape), (np.dtype(np.float32), pshape), None,
+                              1 if axis is None else axis, block_size, None, _dispatch.FAST_KERNELS, datapath)
 
 
 @pytest.mark.parametrize("block_size", [16, 32, 64, 128])
