@@ -99,56 +99,45 @@ ctypedef fused param_t:
 
 
 # Integer codes of 8 bits or fewer into float32, written with streaming stores straight
-# from the registers (AVX-512 and AVX2 builds): the arithmetic of run_integer_bytes_f32,
-# operation for operation (the code's bits moved to the top of an int32 and back, the
-# conversion, x - zero_point, the product). Faster than computing into an L1 buffer and
-# streaming that, which the other outputs of 8 MiB or more still do (docs/performance.md).
-# The output is aligned to its elements (check_aligned), so the head before the first
-# 64-byte line is a whole number of values.
+# from the registers (AVX2 and AVX-512 builds, on the vector types and QEMU_Q_V* macros of
+# _dequantize_datapath_loops.pxi): the arithmetic of run_integer_bytes_f32, operation for
+# operation (the code's bits moved to the top of an int32 and back, the conversion,
+# x - zero_point, the product). Faster than computing into an L1 buffer and streaming that,
+# which the outputs of 8 MiB or more that no register loop writes still do
+# (docs/performance.md). The output is aligned to its elements (check_aligned), so the
+# head before the first 64-byte line is a whole number of values.
 cdef extern from *:
     """
-    #if defined(__AVX512F__) && defined(__AVX512BW__)
-    #include <immintrin.h>
+    #if QEMU_Q_HAVE_FUSED_STREAM
     #define QEMU_Q_HAVE_STREAM_VALUES 1
+    static inline __attribute__((always_inline)) void qemu_q_stream_integer_values_body(
+            const uint8_t *x, float *y, Py_ssize_t n, const float *scale,
+            const float *zero_point, const int params_vary, int shift, const int is_signed) {
+        qemu_q_vf s = QEMU_Q_VSET_F32(scale[0]), z = QEMU_Q_VSET_F32(zero_point[0]);
+        Py_ssize_t i;
+        for (i = 0; i < n; i += QEMU_Q_LANES) {
+            qemu_q_vu top = QEMU_Q_VLOAD_U8(x + i) << shift;
+            qemu_q_vi code = (qemu_q_vi)(top >> shift);
+            if (is_signed)
+                code = (qemu_q_vi)top >> shift;
+            if (params_vary) {
+                s = QEMU_Q_VLOAD_F32(scale + i);
+                z = QEMU_Q_VLOAD_F32(zero_point + i);
+            }
+            QEMU_Q_VSTREAM(y + i, (__builtin_convertvector(code, qemu_q_vf) - z) * s);
+        }
+    }
     /* n values (a multiple of 16) into y, 64-byte aligned; the parameters per element
        (params_vary) or one for all. */
     static inline void qemu_q_stream_integer_values(const uint8_t *x, float *y, Py_ssize_t n,
                                                     const float *scale, const float *zero_point,
                                                     int params_vary, int shift, int is_signed) {
-        __m512 s = _mm512_set1_ps(scale[0]), z = _mm512_set1_ps(zero_point[0]);
-        __m128i count = _mm_cvtsi32_si128(shift);
-        Py_ssize_t i;
-        for (i = 0; i < n; i += 16) {
-            __m512i top = _mm512_sll_epi32(
-                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x + i))), count);
-            __m512i code = is_signed ? _mm512_sra_epi32(top, count) : _mm512_srl_epi32(top, count);
-            if (params_vary) {
-                s = _mm512_loadu_ps(scale + i);
-                z = _mm512_loadu_ps(zero_point + i);
-            }
-            _mm512_stream_ps(y + i, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(code), z), s));
-        }
-    }
-    #elif defined(__x86_64__) && defined(__AVX2__)
-    #include <immintrin.h>
-    #define QEMU_Q_HAVE_STREAM_VALUES 1
-    /* The same, 8 values at a time (n a multiple of 16, y 64-byte aligned). */
-    static inline void qemu_q_stream_integer_values(const uint8_t *x, float *y, Py_ssize_t n,
-                                                    const float *scale, const float *zero_point,
-                                                    int params_vary, int shift, int is_signed) {
-        __m256 s = _mm256_set1_ps(scale[0]), z = _mm256_set1_ps(zero_point[0]);
-        __m128i count = _mm_cvtsi32_si128(shift);
-        Py_ssize_t i;
-        for (i = 0; i < n; i += 8) {
-            __m256i top = _mm256_sll_epi32(
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x + i))), count);
-            __m256i code = is_signed ? _mm256_sra_epi32(top, count) : _mm256_srl_epi32(top, count);
-            if (params_vary) {
-                s = _mm256_loadu_ps(scale + i);
-                z = _mm256_loadu_ps(zero_point + i);
-            }
-            _mm256_stream_ps(y + i, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(code), z), s));
-        }
+        if (params_vary)
+            is_signed ? qemu_q_stream_integer_values_body(x, y, n, scale, zero_point, 1, shift, 1)
+                      : qemu_q_stream_integer_values_body(x, y, n, scale, zero_point, 1, shift, 0);
+        else
+            is_signed ? qemu_q_stream_integer_values_body(x, y, n, scale, zero_point, 0, shift, 1)
+                      : qemu_q_stream_integer_values_body(x, y, n, scale, zero_point, 0, shift, 0);
     }
     #else
     #define QEMU_Q_HAVE_STREAM_VALUES 0
@@ -864,8 +853,8 @@ cdef inline void dequantize_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t
 cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
                                      Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # As dequantize_range, into y[start : end] through an L1-resident buffer streamed out
-    # piece by piece (_memory.pxd). Not with p.stream_direct, which would stream into the
-    # buffer. The first piece ends on a 64-byte line of y (line_head), the others start on
+    # piece by piece (_memory.pxd). Not with p.stream_direct or p.fused_stream, which
+    # would stream into the buffer. The first piece ends on a 64-byte line of y (line_head), the others start on
     # one: a line split between two pieces would take plain stores for its ends
     # (stream_store's head and tail) and streaming ones for the rest, which costs as much
     # again as the whole loop (numpy puts large arrays 16 bytes past a page).

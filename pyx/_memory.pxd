@@ -13,7 +13,9 @@ from libc.stdint cimport int32_t, uint32_t, uintptr_t
 #
 # Streaming stores: DequantizeLinear writes 2 or 4 bytes per 1-byte code. Through plain
 # stores those output lines pass through L1 and push the per-element scales out, so they
-# are computed into an L1-resident buffer and streamed out. QuantizeLinear's outputs are
+# are computed into an L1-resident buffer and streamed out, or, where an AVX2 or AVX-512
+# loop computes them (pyx/_dequantize.pyx: stream_integer_values and the datapath's
+# fused_stream loops), streamed straight from the registers. QuantizeLinear's outputs are
 # 4 to 16 times smaller than its input and stay plain stores, except its integer codes
 # with one scale per run, streamed straight from the registers by an AVX-512 loop
 # (pyx/_quantize.pyx: stream_integer_codes). Only outputs of STREAM_MIN_BYTES or more are
