@@ -387,11 +387,12 @@ ROUNDINGS = ["half_even", "half_away", "half_up", "half_down", "toward_zero", "d
 def test_fused_loops_streamed_from_registers(qtype, restore_kernels):
     # Large float32 outputs of the one-pass loops: at the AVX2 and AVX-512 levels each
     # whole 64-byte line is streamed from the registers (per tensor, runs of one scale per
-    # row, one scale per element, blocks of 16 and 32), the partial lines at the ends of
-    # each piece written by the L1 loops, and a piece with products those loops hand back
-    # (infinite, NaN, too tiny: the huge, subnormal and NaN scales and codes here) written
-    # again by them. Every mode, and the result pass (output flush, canonical NaN), equals
-    # the two halves' bits (each below the streaming size, so not streamed) at every level.
+    # row, one scale per element, blocks of 16 and 32 along the last axis, blocks along the
+    # first), the partial lines at the ends of each piece written by the L1 loops, and a
+    # piece with products those loops hand back (infinite, NaN, too tiny: the huge,
+    # subnormal and NaN scales and codes here) written again by them. Every mode, and the
+    # result pass (output flush, canonical NaN), equals the two halves' bits (each below
+    # the streaming size, so not streamed) at every level.
     rows, cols = 1024, 2112  # 2162688 elements: 8.25 MiB of float32
     rng = np.random.default_rng(zlib.crc32(f"fused streamed {qtype}".encode()))
     dtype = np.dtype(ALL_TYPES[qtype])
@@ -401,7 +402,9 @@ def test_fused_loops_streamed_from_registers(qtype, restore_kernels):
         width = qemu_q.element_type(qtype).bits
         codes = (rng.integers(0, 256, (rows, cols), dtype=np.uint8) & ((1 << width) - 1)).view(dtype)
     words = rng.integers(0, 2**32, (rows, cols), dtype=np.uint32)
-    layouts = [(None, 0), (0, 0), (1, 0), (1, 16), (1, 32)]
+    # per tensor, one scale per row, per element, blocks along the last axis, and blocks
+    # along the first (a scale per element of each row, rows of 2112 in 32-row blocks)
+    layouts = [(None, 0), (0, 0), (1, 0), (1, 16), (1, 32), (0, 32)]
     datapaths = [{"rounding": mode} for mode in ROUNDINGS] + [
         {"rounding": "half_even", "nan": "canonical", "subnormals": "flush_outputs"},
         {"rounding": "half_up", "nan": "canonical", "subnormals": "flush_both"},
@@ -421,7 +424,10 @@ def test_fused_loops_streamed_from_registers(qtype, restore_kernels):
         kw = {"axis": axis if axis is not None else 1, "block_size": block_size, "datapath": datapath}
         halves = []
         for part in (slice(0, rows // 2), slice(rows // 2, rows)):
-            s, z = (scale[part], zp[part]) if axis == 0 or block_size else (scale, zp)
+            # the rows' parameters: per row, per block of rows, or the same for both halves
+            rows_per_param = block_size if axis == 0 and block_size else 1
+            params = slice(part.start // rows_per_param, part.stop // rows_per_param)
+            s, z = (scale[params], zp[params]) if axis == 0 or block_size else (scale, zp)
             halves.append(qemu_q.dequantize_linear(codes[part], s, z, n_threads=1,
                                                    random_bits=None if bits is None else bits[part], **kw))
         expected = np.concatenate(halves)
