@@ -9,7 +9,7 @@
 import numpy as np
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
-from libc.math cimport fabs, fma, copysign, ldexp, isinf, INFINITY
+from libc.math cimport fabs, fabsf, fma, copysign, ldexp, isinf, INFINITY
 from libc.stdint cimport int8_t, uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t
 
 from _codecs cimport (
@@ -213,6 +213,8 @@ cdef struct DequantizePlan:
     fused_stream_loop stream_loop
     FusedStreamFields stream_fields
     int stream_finish          # the result pass in the streamed loops: 1 flush, 2 canonical NaN
+    bint stream_finite_only    # the streamed loop assumes finite products (integer codes, a
+                               # mode that would hand back an infinite or NaN one)
 
 
 cdef inline float code_value(dq_code_t c, const float* table, bint signed16) noexcept nogil:
@@ -583,6 +585,16 @@ cdef inline bint long_segments(const Layout* L) noexcept nogil:
     else:
         length = L.block_size
     return length >= <Py_ssize_t>FUSED_STREAM_SEGMENT and not shares_pieces(L)
+
+
+cdef inline bint products_stay_finite(const float* scale, Py_ssize_t n) noexcept nogil:
+    # Every scale finite and below STREAM_FINITE_SCALE (2**110) in magnitude: times an
+    # integer x - zero_point below 2**17 in magnitude, every float32 product is finite.
+    cdef Py_ssize_t i
+    cdef bint bounded = True
+    for i in range(n):
+        bounded = bounded & (fabsf(scale[i]) < STREAM_FINITE_SCALE)  # NaN compares false
+    return bounded
 
 
 cdef inline bint streamed_fused_layout(const DequantizePlan* p, const Layout* L) noexcept nogil:
@@ -1047,6 +1059,8 @@ cdef class DequantizeConfig:
         p.stream_fields.nan_bits = <int32_t>p.nan_bits
         p.stream_finish = ((p.stream_fields.flush_bits != 0)
                            | (2 * (p.canonical_nan and (p.rounding == DP_HALF_EVEN or p.small_float_bytes))))
+        p.stream_finite_only = (not self.plan.small_float_bytes
+                                and p.rounding != DP_HALF_EVEN and p.rounding != DP_STOCHASTIC)
         p.fused_stream = False
         self.code_size = code_size
         self.code_bits = code_bits
@@ -1094,7 +1108,8 @@ cdef class DequantizeConfig:
         """Whether outputs of STREAM_MIN_BYTES or more stream the one-pass float32 loops'
         results from their registers (fused_stream: an AVX2 or AVX-512 build; segments of
         FUSED_STREAM_SEGMENT elements or more, or blocks of 16 or more along the last axis
-        in rows of whole blocks)."""
+        in rows of whole blocks). Integer codes under a mode other than half_even and
+        stochastic stream so only in calls whose every scale is finite and below 2**110."""
         return streamed_fused_layout(&self.plan, &self.plan.layout)
 
     @property
@@ -1126,7 +1141,8 @@ cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero
     p.stream_direct = (p.stream and HAVE_STREAM_VALUES and p.integer_bytes and p.fast
                        and p.out_format == FMT_FLOAT32
                        and not (p.layout.granularity == BLOCKED and p.layout.inner == 1))
-    p.fused_stream = p.stream and streamed_fused_layout(&p, &p.layout)
+    p.fused_stream = (p.stream and streamed_fused_layout(&p, &p.layout)
+                      and (not p.stream_finite_only or products_stay_finite(p.scale32, needed)))
     return p
 
 
