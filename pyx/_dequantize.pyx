@@ -597,6 +597,30 @@ cdef inline bint products_stay_finite(const float* scale, Py_ssize_t n) noexcept
     return bounded
 
 
+cdef inline bint products_stay_normal(const DequantizePlan* p, Py_ssize_t n) noexcept nogil:
+    # No nonzero product below 2**-126 in magnitude, so the output flush changes nothing
+    # (a result rounded from a product at or above the smallest normal, itself a float32,
+    # is at or above it in every mode): every scale zero or at least 2**-126 / d_min, d_min
+    # the smallest nonzero |x - zero_point| (1 for integer codes; for small-float codes,
+    # with zero points of +-0 only, the smallest subnormal code, or normal one where the
+    # inputs are flushed). A power of two over a power of two: exact.
+    cdef Py_ssize_t i
+    cdef double d_min = 1.0
+    cdef float threshold
+    cdef bint normal = True
+    if p.small_float_bytes:
+        for i in range(n):
+            if p.zero_point32[i] != 0:
+                return False
+        d_min = p.x_min_normal if p.flush_inputs else <double>p.decoder.subnormal_step
+        if not d_min > 0:
+            return False
+    threshold = <float>(2.0 ** -126 / d_min)
+    for i in range(n):
+        normal = normal & ((p.scale32[i] == 0) | (fabsf(p.scale32[i]) >= threshold))
+    return normal
+
+
 cdef inline bint streamed_fused_layout(const DequantizePlan* p, const Layout* L) noexcept nogil:
     # Whether the one-pass float32 loops stream their results from the registers
     # (fused_stream) where the output is large: the build has the loops, and the layout's
@@ -1143,6 +1167,8 @@ cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero
                        and not (p.layout.granularity == BLOCKED and p.layout.inner == 1))
     p.fused_stream = (p.stream and streamed_fused_layout(&p, &p.layout)
                       and (not p.stream_finite_only or products_stay_finite(p.scale32, needed)))
+    if p.fused_stream and (p.stream_finish & 1) and products_stay_normal(&p, needed):
+        p.stream_finish &= ~1
     return p
 
 
