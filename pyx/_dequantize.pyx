@@ -207,8 +207,9 @@ cdef struct DequantizePlan:
     fused_f32_loop fused_blocks
     int fused_kind
     FusedF32 fused
-    # ... and, for a streamed output of long segments (AVX2 and AVX-512 builds), the loop of the
-    # mode and kind that streams each result from its register, reading stream_fields
+    # ... and, for a streamed output of long segments (AVX2 and AVX-512 builds), the loop
+    # of the mode and kind that streams each result from its register, reading
+    # stream_fields
     bint fused_stream
     fused_stream_loop stream_loop
     FusedStreamFields stream_fields
@@ -890,10 +891,11 @@ cdef inline void dequantize_streamed(const dq_code_t* x, y_storage_t* y, Py_ssiz
                                      Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # As dequantize_range, into y[start : end] through an L1-resident buffer streamed out
     # piece by piece (_memory.pxd). Not with p.stream_direct or p.fused_stream, which
-    # would stream into the buffer. The first piece ends on a 64-byte line of y (line_head), the others start on
-    # one: a line split between two pieces would take plain stores for its ends
-    # (stream_store's head and tail) and streaming ones for the rest, which costs as much
-    # again as the whole loop (numpy puts large arrays 16 bytes past a page).
+    # would stream into the buffer. The first piece ends on a 64-byte line of y
+    # (line_head), the others start on one: a line split between two pieces would take
+    # plain stores for its ends (stream_store's head and tail) and streaming ones for the
+    # rest, which costs as much again as the whole loop (numpy puts large arrays 16 bytes
+    # past a page).
     cdef y_storage_t buffer[STREAM_PIECE]
     cdef Py_ssize_t piece = start
     cdef Py_ssize_t piece_end = start + line_head(y + start, sizeof(y_storage_t))
