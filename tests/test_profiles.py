@@ -214,7 +214,7 @@ def _qlinear_inputs(a, a_scale, y_zero_point):
 
 def _onnxruntime(op_type, inputs, output_type):
     onnx = pytest.importorskip("onnx", reason="the peer runs need onnx (test extra)")
-    ort = pytest.importorskip("onnxruntime")
+    ort = pytest.importorskip("onnxruntime", reason="the peer runs need onnxruntime (test extra)")
     helper = onnx.helper
     names = [f"i{k}" for k in range(len(inputs))]
     node = helper.make_node(op_type, names, ["y"])
@@ -319,7 +319,7 @@ def test_onnxruntime_u8s8_entry_on_this_cpu():
 def _onnxruntime_codes(op_type, inputs, output_type, opset, **attributes) -> list[int]:
     """onnxruntime's output codes, through IOBinding and raw bytes (its numpy API takes no
     float8 arrays): tests/test_divergences.py's runner."""
-    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime", reason="the peer runs need onnxruntime (test extra)")
     from test_divergences import run_ort
 
     result = run_ort(op_type, list(inputs), attributes, opset, [output_type])
