@@ -216,6 +216,9 @@ cdef struct DequantizePlan:
     int stream_finish          # the result pass in the streamed loops: 1 flush, 2 canonical NaN
     bint stream_finite_only    # the streamed loop assumes finite products (integer codes, a
                                # mode that would hand back an infinite or NaN one)
+    # stochastic rounding of integer codes: the streamed loop for calls whose every nonzero
+    # product is at least 2**-103 and below 2**127 in magnitude (NULL for other modes, kinds)
+    fused_stream_loop stream_carry_loop
 
 
 cdef inline float code_value(dq_code_t c, const float* table, bint signed16) noexcept nogil:
@@ -598,13 +601,14 @@ cdef inline bint products_stay_finite(const float* scale, Py_ssize_t n) noexcept
     return bounded
 
 
-cdef inline bint products_stay_normal(const DequantizePlan* p, Py_ssize_t n) noexcept nogil:
-    # No nonzero product below 2**-126 in magnitude, so the output flush changes nothing
-    # (a result rounded from a product at or above the smallest normal, itself a float32,
-    # is at or above it in every mode): every scale zero or at least 2**-126 / d_min, d_min
-    # the smallest nonzero |x - zero_point| (1 for integer codes; for small-float codes,
-    # with zero points of +-0 only, the smallest subnormal code, or normal one where the
-    # inputs are flushed). A power of two over a power of two: exact.
+cdef inline bint products_at_least(const DequantizePlan* p, Py_ssize_t n, double bound) noexcept nogil:
+    # No nonzero product below bound (a power of two) in magnitude: every scale zero or at
+    # least bound / d_min, d_min the smallest nonzero |x - zero_point| (1 for integer codes;
+    # for small-float codes, with zero points of +-0 only, the smallest subnormal code, or
+    # normal one where the inputs are flushed). A power of two over a power of two: exact.
+    # At 2**-126 the output flush changes nothing (a result rounded from a product at or
+    # above the smallest normal, itself a float32, is at or above it in every mode); 2**-103
+    # is what the stochastic carry loops of integer codes need.
     cdef Py_ssize_t i
     cdef double d_min = 1.0
     cdef float threshold
@@ -616,7 +620,7 @@ cdef inline bint products_stay_normal(const DequantizePlan* p, Py_ssize_t n) noe
         d_min = p.x_min_normal if p.flush_inputs else <double>p.decoder.subnormal_step
         if not d_min > 0:
             return False
-    threshold = <float>(2.0 ** -126 / d_min)
+    threshold = <float>(bound / d_min)
     for i in range(n):
         normal = normal & ((p.scale32[i] == 0) | (fabsf(p.scale32[i]) >= threshold))
     return normal
@@ -1068,6 +1072,8 @@ cdef class DequantizeConfig:
             # operation of its own in the loops
             p.fused.decoder.subnormal_step = 0.0
         p.stream_loop = fused_stream_loop_for(p.rounding, kind) if p.fused_f32 else NULL
+        p.stream_carry_loop = (fused_stream_carry_loop_for(kind)
+                               if p.fused_f32 and p.rounding == DP_STOCHASTIC else NULL)
         p.stream_fields.code_shift = p.fused.code_shift
         p.stream_fields.code_mask = p.fused.decoder.code_mask
         p.stream_fields.sign_shift = p.fused.decoder.sign_shift
@@ -1169,8 +1175,11 @@ cdef DequantizePlan call_plan(DequantizeConfig config, object scale, object zero
                        and not (p.layout.granularity == BLOCKED and p.layout.inner == 1))
     p.fused_stream = (p.stream and streamed_fused_layout(&p, &p.layout)
                       and (not p.stream_finite_only or products_stay_finite(p.scale32, needed)))
-    if p.fused_stream and (p.stream_finish & 1) and products_stay_normal(&p, needed):
+    if p.fused_stream and (p.stream_finish & 1) and products_at_least(&p, needed, 2.0 ** -126):
         p.stream_finish &= ~1
+    if (p.fused_stream and p.stream_carry_loop != NULL and products_stay_finite(p.scale32, needed)
+            and products_at_least(&p, needed, 2.0 ** -103)):
+        p.stream_loop = p.stream_carry_loop
     return p
 
 
