@@ -216,8 +216,8 @@ cdef struct DequantizePlan:
     int stream_finish          # the result pass in the streamed loops: 1 flush, 2 canonical NaN
     bint stream_finite_only    # the streamed loop assumes finite products (integer codes, a
                                # mode that would hand back an infinite or NaN one)
-    # stochastic rounding of integer codes: the streamed loop for calls whose every nonzero
-    # product is at least 2**-103 and below 2**127 in magnitude (NULL for other modes, kinds)
+    # stochastic rounding: the streamed loop for calls whose every nonzero product of finite
+    # codes is at least 2**-103 and below 2**127 in magnitude (NULL for the other modes)
     fused_stream_loop stream_carry_loop
 
 
@@ -608,7 +608,7 @@ cdef inline bint products_at_least(const DequantizePlan* p, Py_ssize_t n, double
     # normal one where the inputs are flushed). A power of two over a power of two: exact.
     # At 2**-126 the output flush changes nothing (a result rounded from a product at or
     # above the smallest normal, itself a float32, is at or above it in every mode); 2**-103
-    # is what the stochastic carry loops of integer codes need.
+    # is what the stochastic carry loops need.
     cdef Py_ssize_t i
     cdef double d_min = 1.0
     cdef float threshold

@@ -409,6 +409,7 @@ def test_fused_loops_streamed_from_registers(qtype, restore_kernels):
         {"rounding": "half_even", "nan": "canonical", "subnormals": "flush_outputs"},
         {"rounding": "half_up", "nan": "canonical", "subnormals": "flush_both"},
         {"rounding": "stochastic", "subnormals": "flush_outputs"},
+        {"rounding": "stochastic", "nan": "canonical"},
     ]
     storage = np.empty(rows * cols + 64, np.float32)
     lead = (-storage.ctypes.data % 64) // 4
