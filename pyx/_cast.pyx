@@ -34,7 +34,7 @@ from _codecs cimport (
     float_to_float16_rne, float_to_bfloat16_rne, float16_to_float_select, bfloat16_to_float_quiet,
     CastSmallFloatDatapath,
 )
-from _memory cimport check_aligned, random_words
+from _memory cimport check_aligned, random_words, prefetch_run, PREFETCH_RUN, PREFETCH_RUN_SMALL
 
 cdef enum:
     # Elements per task: large enough that scheduling is noise, small enough to balance.

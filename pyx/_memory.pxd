@@ -40,6 +40,30 @@ cdef extern from *:
     #endif
     }
 
+    /* The lines of a stochastic loop's next run of elements of x and of the random words,
+       2 KiB ahead (prefetcht0 on x86): with the hardware prefetchers alone those loops
+       waited on the words, their largest stream. Runs of QEMU_Q_PREFETCH_RUN elements;
+       the small floats' loops take them at the AVX-512 level only (PREFETCH_RUN_SMALL 0:
+       no runs), where elsewhere their compute-bound loop lost more to the runs' overheads
+       than the prefetches gave (docs/performance.md). */
+    #define QEMU_Q_PREFETCH_RUN 64
+    #if defined(__AVX512F__)
+    #define QEMU_Q_PREFETCH_RUN_SMALL 64
+    #else
+    #define QEMU_Q_PREFETCH_RUN_SMALL 0
+    #endif
+    static inline void qemu_q_prefetch_run(const void *x, const uint32_t *words) {
+    #if defined(__GNUC__) || defined(__clang__)
+        int k;
+        for (k = 0; k < QEMU_Q_PREFETCH_RUN * 4; k += 64) {
+            __builtin_prefetch((const char *)x + 2048 + k, 0, 3);
+            __builtin_prefetch((const char *)words + 2048 + k, 0, 3);
+        }
+    #else
+        (void)x; (void)words;
+    #endif
+    }
+
     #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     #include <immintrin.h>
     #if defined(__AVX512F__)
@@ -80,6 +104,9 @@ cdef extern from *:
     #endif
     """
     void prefetch "qemu_q_prefetch" (const void* p, size_t n) noexcept nogil
+    void prefetch_run "qemu_q_prefetch_run" (const void* x, const uint32_t* words) noexcept nogil
+    enum: PREFETCH_RUN "QEMU_Q_PREFETCH_RUN"
+    enum: PREFETCH_RUN_SMALL "QEMU_Q_PREFETCH_RUN_SMALL"
     void stream_store "qemu_q_stream_store" (void* dst, const void* src, size_t n) noexcept nogil
     void stream_fence "qemu_q_stream_fence" () noexcept nogil
     enum: HAVE_STREAM "QEMU_Q_HAVE_STREAM"
