@@ -40,8 +40,8 @@ cdef extern from *:
     #endif
     }
 
-    /* The lines of a stochastic loop's next run of elements of x and of the random words,
-       2 KiB ahead (prefetcht0 on x86): with the hardware prefetchers alone those loops
+    /* The lines of a stochastic loop's next run of n float32 elements of x and of the
+       random words, 2 KiB ahead (prefetcht0 on x86): with the hardware prefetchers alone those loops
        waited on the words, their largest stream. Runs of QEMU_Q_PREFETCH_RUN elements;
        the small floats' loops take them at the AVX-512 level only (PREFETCH_RUN_SMALL 0:
        no runs), where elsewhere their compute-bound loop lost more to the runs' overheads
@@ -52,15 +52,15 @@ cdef extern from *:
     #else
     #define QEMU_Q_PREFETCH_RUN_SMALL 0
     #endif
-    static inline void qemu_q_prefetch_run(const void *x, const uint32_t *words) {
+    static inline void qemu_q_prefetch_run(const float *x, const uint32_t *words, size_t n) {
     #if defined(__GNUC__) || defined(__clang__)
-        int k;
-        for (k = 0; k < QEMU_Q_PREFETCH_RUN * 4; k += 64) {
+        size_t k;
+        for (k = 0; k < n * 4; k += 64) {
             __builtin_prefetch((const char *)x + 2048 + k, 0, 3);
             __builtin_prefetch((const char *)words + 2048 + k, 0, 3);
         }
     #else
-        (void)x; (void)words;
+        (void)x; (void)words; (void)n;
     #endif
     }
 
@@ -104,7 +104,7 @@ cdef extern from *:
     #endif
     """
     void prefetch "qemu_q_prefetch" (const void* p, size_t n) noexcept nogil
-    void prefetch_run "qemu_q_prefetch_run" (const void* x, const uint32_t* words) noexcept nogil
+    void prefetch_run "qemu_q_prefetch_run" (const float* x, const uint32_t* words, size_t n) noexcept nogil
     enum: PREFETCH_RUN "QEMU_Q_PREFETCH_RUN"
     enum: PREFETCH_RUN_SMALL "QEMU_Q_PREFETCH_RUN_SMALL"
     void stream_store "qemu_q_stream_store" (void* dst, const void* src, size_t n) noexcept nogil

@@ -28,6 +28,7 @@ from _mx_codecs cimport (
     mx_scale_code, mx_inverse_scale, encode_mx_small_float, round_to_code, round_to_int8,
 )
 from _subbyte cimport pack_codes, packed_bytes
+from _memory cimport prefetch_run
 
 cdef enum:
     # Elements per task, in whole groups (at least one group per task).
