@@ -593,7 +593,8 @@ cdef inline bint long_segments(const Layout* L) noexcept nogil:
 
 cdef inline bint products_stay_finite(const float* scale, Py_ssize_t n) noexcept nogil:
     # Every scale finite and below STREAM_FINITE_SCALE (2**110) in magnitude: times an
-    # integer x - zero_point below 2**17 in magnitude, every float32 product is finite.
+    # x - zero_point below 2**17 in magnitude (every integer code's; every finite
+    # small-float code's, with zero points of +-0), every float32 product is below 2**127.
     cdef Py_ssize_t i
     cdef bint bounded = True
     for i in range(n):

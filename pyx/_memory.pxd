@@ -40,12 +40,14 @@ cdef extern from *:
     #endif
     }
 
-    /* The lines of a stochastic loop's next run of n float32 elements of x and of the
-       random words, 2 KiB ahead (prefetcht0 on x86): with the hardware prefetchers alone those loops
-       waited on the words, their largest stream. Runs of QEMU_Q_PREFETCH_RUN elements;
-       the small floats' loops take them at the AVX-512 level only (PREFETCH_RUN_SMALL 0:
-       no runs), where elsewhere their compute-bound loop lost more to the runs' overheads
-       than the prefetches gave (docs/performance.md). */
+    /* How far ahead the stochastic loops ask for their inputs (prefetcht0 on x86): with the
+       hardware prefetchers alone those loops waited on the random words, their largest
+       stream (docs/performance.md). prefetch_run: the lines of the next run of n float32
+       elements of x and of the words. Runs of QEMU_Q_PREFETCH_RUN elements; the small
+       floats' Cast loops take them at the AVX-512 level only (QEMU_Q_PREFETCH_RUN_SMALL 0:
+       no runs): elsewhere their compute-bound loop lost more to the runs' overheads than
+       the prefetches gave. */
+    #define QEMU_Q_PREFETCH_AHEAD 2048
     #define QEMU_Q_PREFETCH_RUN 64
     #if defined(__AVX512F__)
     #define QEMU_Q_PREFETCH_RUN_SMALL 64
@@ -56,8 +58,8 @@ cdef extern from *:
     #if defined(__GNUC__) || defined(__clang__)
         size_t k;
         for (k = 0; k < n * 4; k += 64) {
-            __builtin_prefetch((const char *)x + 2048 + k, 0, 3);
-            __builtin_prefetch((const char *)words + 2048 + k, 0, 3);
+            __builtin_prefetch((const char *)x + QEMU_Q_PREFETCH_AHEAD + k, 0, 3);
+            __builtin_prefetch((const char *)words + QEMU_Q_PREFETCH_AHEAD + k, 0, 3);
         }
     #else
         (void)x; (void)words; (void)n;
