@@ -46,6 +46,7 @@ _QL_FLOAT16_ORT = "QL-19/21: float16 x, onnxruntime divides in float32"
 _DQ_TWICE = "DQ: float16 / bfloat16 output rounded twice"
 _U8S8 = ("MatMulInteger / QLinearMatMul u8 x s8: onnxruntime's int16 pair saturation "
          "(AVX2 without VNNI)")
+_S8U8_CONV = "ConvInteger s8 x u8: onnxruntime's int16 pair saturation (AVX2 without VNNI)"
 # What float8_encoder="onnxruntime" reproduces (onnxruntime's float8.h constructors, its
 # Cast's bfloat16 read without saturation and its copy of a same-type Cast).
 _ORT_FLOAT8 = (
@@ -153,7 +154,8 @@ version, its saturate=0 bands and its e5m2 NaN codes)."""
 
 onnxruntime_cpu_avx2 = dataclasses.replace(onnxruntime_cpu, accumulator="x86-u8s8-pairs")
 """onnxruntime 1.32 on an x86 CPU with AVX2 and without VNNI: `onnxruntime_cpu` with the u8 x
-s8 products summed in pairs with int16 saturation (VPMADDUBSW)."""
+s8 products (MatMulInteger, QLinearMatMul, QLinearConv with a uint8 x; ConvInteger with an
+int8 x and a uint8 w) summed in pairs with int16 saturation (VPMADDUBSW)."""
 
 # ml_dtypes' NaN into float4/float6, where onnx.reference converts with it: QuantizeLinear's
 # and Cast's `astype` (nvfp4_quantize, whose recipes write their own NaN code, refuses it).
@@ -213,7 +215,7 @@ PROFILES = {
         remainder=_frozen(_ORT_REMAINDER)),
     "onnxruntime_cpu_avx2": Profile(
         name="onnxruntime_cpu_avx2", peer="onnxruntime", datapath=onnxruntime_cpu_avx2,
-        reproduces=(_REQUANTIZATION, _QL_FLOAT16_ORT, _DQ_TWICE, *_ORT_FLOAT8, _U8S8),
+        reproduces=(_REQUANTIZATION, _QL_FLOAT16_ORT, _DQ_TWICE, *_ORT_FLOAT8, _U8S8, _S8U8_CONV),
         remainder=_frozen(_ORT_REMAINDER)),
     "onnx_reference": Profile(
         name="onnx_reference", peer="onnx.reference", datapath=onnx_reference,

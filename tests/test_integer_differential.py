@@ -201,6 +201,55 @@ def test_u8s8_pair_saturation():
         assert (theirs, theirs_ql) in (([[exact]], [[127]]), ([[pairs]], [[64]]))
 
 
+@divergence_entry("ConvInteger s8 x u8: onnxruntime's int16 pair saturation (AVX2 without VNNI)")
+def test_conv_integer_s8u8_pair_saturation():
+    # x int8 [[-64]] (one element, one channel), x_zp 127, w uint8 255 x 4 taps, pads 2 above
+    # and 1 below: the one output's K runs (pad, pad, x, pad) as raw codes (127, 127, -64,
+    # 127). Exact: only x contributes, (-64 - 127) * 255. Pairs: 127 * 255 * 2 = 64770
+    # saturates to 32767; -64 * 255 + 127 * 255 = 16065; minus x_zp * sum(w).
+    x = np.array([[[[-64]]]], np.int8)
+    w = np.full((1, 1, 4, 1), 255, np.uint8)
+    inputs = [x, w, np.int8(127), np.uint8(0)]
+    attrs = {"pads": [2, 0, 1, 0]}
+    exact = (-64 - 127) * 255
+    pairs = 32767 + 16065 - 127 * 4 * 255
+    assert (exact, pairs) == (-48705, -80708)
+    assert qemu_q.conv_integer(*inputs, **attrs).tolist() == [[[[exact]]]]
+    assert qemu_q.conv_integer(*inputs, accumulator="x86-u8s8-pairs", **attrs).tolist() == [[[[pairs]]]]
+    assert reference("ConvInteger", inputs, attrs, 10, onnx.TensorProto.INT32).tolist() == [[[[exact]]]]
+    theirs = runtime("ConvInteger", inputs, attrs, 10, onnx.TensorProto.INT32).tolist()
+    flags = cpu_flags()
+    if flags & {"avx_vnni", "avx512_vnni", "avx512vnni"}:
+        assert theirs == [[[[exact]]]]
+    elif "avx2" in flags:
+        assert theirs == [[[[pairs]]]]
+    else:  # another instruction set: onnxruntime's path there is one of the two models
+        assert theirs in ([[[[exact]]]], [[[[pairs]]]])
+
+
+@pytest.mark.parametrize("attrs", [{"pads": [1, 0, 2, 1]}, {"group": 3, "strides": [2, 1], "dilations": [1, 2]},
+                                   {"auto_pad": "SAME_LOWER", "strides": [2, 2]}, {"group": 6}])
+def test_conv_integer_s8u8_pairs_model_onnxruntime(attrs):
+    """onnxruntime's ConvInteger with an int8 x and a uint8 w is the pairs accumulator on AVX2
+    CPUs without VNNI and the exact int32 one with VNNI; either way one of the two models."""
+    group = attrs.get("group", 1)
+    x = RNG.integers(-128, 128, size=(2, 6, 5, 7)).astype(np.int8)
+    x[:, :, 1::2] = 127
+    w = RNG.integers(150, 256, size=(2 * group, 6 // group, 3, 2)).astype(np.uint8)
+    inputs = [x, w, np.int8(-128), np.uint8(60)]
+    theirs = runtime("ConvInteger", inputs, attrs, 10, onnx.TensorProto.INT32)
+    pairs = qemu_q.conv_integer(*inputs, accumulator="x86-u8s8-pairs", **attrs)
+    exact_acc = qemu_q.conv_integer(*inputs, **attrs)
+    assert not np.array_equal(exact_acc, pairs)  # the saturation is visible on these inputs
+    flags = cpu_flags()
+    if flags & {"avx_vnni", "avx512_vnni", "avx512vnni"}:
+        np.testing.assert_array_equal(exact_acc, theirs)
+    elif "avx2" in flags:
+        np.testing.assert_array_equal(pairs, theirs)
+    else:
+        assert np.array_equal(pairs, theirs) or np.array_equal(exact_acc, theirs)
+
+
 @divergence_entry("QLinearMatMul / QLinearConv requantization: float32 and float64 roundings")
 @pytest.mark.parametrize("op", ["QLinearMatMul", "QLinearConv"])
 def test_requantization_float32_float64_ties(op):

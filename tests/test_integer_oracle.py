@@ -290,6 +290,65 @@ def test_x86_pairs_accumulator(k, a_zp, b_zp):
     assert qemu_q.matmul_integer(a, b, a_zp, b_zp).tolist() == exact.tolist()
 
 
+def conv_pairs_oracle(x, w, x_zp, w_zp, group, strides, dilations, pads, auto_pad):
+    """ConvInteger int8 x, uint8 w under "x86-u8s8-pairs" (docs/semantics.md), Python ints:
+    each output's raw codes along K in the filter's order (channel of the group outer,
+    kernel positions inner; a padded element is x's raw zero point) in pairs (k, k+1) from
+    k = 0, each pair's sum saturated to int16, summed, then the zero points' exact terms."""
+    batch = x.shape[0]
+    out_channels, per_group = w.shape[:2]
+    kernel = w.shape[2:]
+    begins, outs = conv_geometry(x.shape[2:], kernel, strides, dilations, pads, auto_pad)
+    m_per_group = out_channels // group
+    y = np.empty((batch, out_channels) + tuple(outs), dtype=object)
+    for nb, oc in itertools.product(range(batch), range(out_channels)):
+        g = oc // m_per_group
+        for pos in itertools.product(*(range(o) for o in outs)):
+            xs, ws = [], []
+            for ic in range(per_group):
+                for tap in itertools.product(*(range(k) for k in kernel)):
+                    coords = [pos[i] * strides[i] + tap[i] * dilations[i] - begins[i] for i in range(len(pos))]
+                    inside = all(0 <= c < s for c, s in zip(coords, x.shape[2:]))
+                    xs.append(int(x[(nb, g * per_group + ic) + tuple(coords)]) if inside else int(x_zp))
+                    ws.append(int(w[(oc, ic) + tap]))
+            total = 0
+            for t0 in range(0, len(xs), 2):
+                pair = sum(xs[t] * ws[t] for t in range(t0, min(t0 + 2, len(xs))))
+                total += max(-32768, min(32767, pair))
+            k = len(xs)
+            y[(nb, oc) + pos] = wrap32(total - int(x_zp) * sum(ws) - int(w_zp) * sum(xs) + k * int(x_zp) * int(w_zp))
+    return y
+
+
+@pytest.mark.parametrize("geometry", [
+    dict(group=1, strides=(1, 1), dilations=(1, 1), pads=(1, 0, 2, 1), auto_pad="NOTSET", kernel=(3, 3)),
+    dict(group=3, strides=(2, 1), dilations=(1, 2), pads=(0, 0, 0, 0), auto_pad="NOTSET", kernel=(2, 2)),
+    dict(group=1, strides=(2, 2), dilations=(1, 1), pads=None, auto_pad="SAME_LOWER", kernel=(3, 1)),
+])
+def test_x86_pairs_accumulator_conv_integer_s8u8(geometry):
+    # ConvInteger with an int8 x and a uint8 w: onnxruntime's GEMM takes w as the uint8
+    # operand, so the pairs run along the filter's own order; large raw codes and zero
+    # points (the padding) saturate pairs.
+    group, kernel = geometry["group"], geometry["kernel"]
+    x = RNG.integers(-128, 128, size=(2, 6, 5, 6)).astype(np.int8)
+    x[:, :, ::2] = 127
+    w = RNG.integers(180, 256, size=(2 * group, 6 // group) + kernel).astype(np.uint8)
+    x_zp, w_zp = np.int8(-128), np.uint8(201)
+    pads = list(geometry["pads"]) if geometry["pads"] is not None else None
+    got = qemu_q.conv_integer(x, w, x_zp, w_zp, group=group, strides=list(geometry["strides"]),
+                              dilations=list(geometry["dilations"]), pads=pads,
+                              auto_pad=geometry["auto_pad"], accumulator="x86-u8s8-pairs")
+    args = (x, w, x_zp, w_zp, group, geometry["strides"], geometry["dilations"],
+            geometry["pads"] or (0, 0, 0, 0), geometry["auto_pad"])
+    want = conv_pairs_oracle(*args)
+    assert got.tolist() == want.tolist()
+    exact = conv_oracle(*args)
+    assert want.tolist() != exact.tolist()  # the saturation shows
+    assert qemu_q.conv_integer(x, w, x_zp, w_zp, group=group, strides=list(geometry["strides"]),
+                               dilations=list(geometry["dilations"]), pads=pads,
+                               auto_pad=geometry["auto_pad"]).tolist() == exact.tolist()
+
+
 def test_x86_pairs_accumulator_conv_wide_zero_point_correction():
     # QLinearConv u8 x s8 with the pairs profile and an even C: small raw codes never
     # saturate a pair, so the result is the exact accumulation; K * x_zp * w_zp (36 * 200 *

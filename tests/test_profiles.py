@@ -212,12 +212,12 @@ def _qlinear_inputs(a, a_scale, y_zero_point):
             np.float32(1.0), np.uint8(y_zero_point)]
 
 
-def _onnxruntime(op_type, inputs, output_type):
+def _onnxruntime(op_type, inputs, output_type, **attributes):
     onnx = pytest.importorskip("onnx", reason="the peer runs need onnx (test extra)")
     ort = pytest.importorskip("onnxruntime", reason="the peer runs need onnxruntime (test extra)")
     helper = onnx.helper
     names = [f"i{k}" for k in range(len(inputs))]
-    node = helper.make_node(op_type, names, ["y"])
+    node = helper.make_node(op_type, names, ["y"], **attributes)
     graph = helper.make_graph(
         [node], "g",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype),
@@ -314,6 +314,31 @@ def test_onnxruntime_u8s8_entry_on_this_cpu():
         assert theirs == [[want]]
     else:  # another instruction set: onnxruntime's path is one of the two models
         assert theirs in ([[exact]], [[pairs]])
+
+
+def test_onnxruntime_conv_integer_s8u8_entry_on_this_cpu():
+    """The ConvInteger s8 x u8 entry: x = int8 -64 with x_zero_point 127, w = uint8 255 x 4
+    taps, pads 2 above and 1 below: K holds the raw codes (127, 127, -64, 127). Pairs:
+    min(2 * 127 * 255, 32767) + (-64 + 127) * 255 - 127 * 4 * 255; exact: (-64 - 127) * 255.
+    The profile of this CPU gives onnxruntime's bits."""
+    import onnx
+
+    inputs = [np.array([[[[-64]]]], np.int8), np.full((1, 1, 4, 1), 255, np.uint8), np.int8(127), np.uint8(0)]
+    exact = (-64 - 127) * 255
+    pairs = min(2 * 127 * 255, 2**15 - 1) + (-64 + 127) * 255 - 127 * 4 * 255
+    assert (exact, pairs) == (-48705, -80708)
+    flags = cpu_flags()
+    datapath = profiles.onnxruntime_cpu_for(flags)
+    want = pairs if datapath.accumulator == "x86-u8s8-pairs" else exact
+    got = datapaths.call_op(qemu_q.conv_integer, *inputs, datapath=datapath, pads=[2, 0, 1, 0])
+    assert got.tolist() == [[[[want]]]]
+    assert datapaths.call_op(qemu_q.conv_integer, *inputs, datapath=profiles.onnxruntime_cpu_avx2,
+                             pads=[2, 0, 1, 0]).tolist() == [[[[pairs]]]]
+    theirs = _onnxruntime("ConvInteger", inputs, onnx.TensorProto.INT32, pads=[2, 0, 1, 0]).tolist()
+    if "avx2" in flags or flags & VNNI:
+        assert theirs == [[[[want]]]]
+    else:  # another instruction set: onnxruntime's path is one of the two models
+        assert theirs in ([[[[exact]]]], [[[[pairs]]]])
 
 
 def _onnxruntime_codes(op_type, inputs, output_type, opset, **attributes) -> list[int]:

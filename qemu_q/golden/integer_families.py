@@ -2,10 +2,11 @@
 QLinearMatMul, QLinearConv (configurations in configs.py, `_integer_op_configs`).
 
 Operand codes of an int8 operand are drawn from [-64, 63] (its zero point from the whole
-range): no pair of raw products then leaves int16, so the x86 "u8s8 pairs" accumulator
-(docs/semantics.md) and the exact int32 one give the same bits and every case compares bit
-for bit with onnxruntime whatever the CPU. The pair saturation itself is pinned by
-tests/test_integer_differential.py.
+range), and the uint8 filter of a ConvInteger with an int8 x from [0, 127] (a padded
+element there is x's raw zero point, up to -128 or 127): no pair of raw products then
+leaves int16, so the x86 "u8s8 pairs" accumulator (docs/semantics.md) and the exact int32
+one give the same bits and every case compares bit for bit with onnxruntime whatever the
+CPU. The pair saturation itself is pinned by tests/test_integer_differential.py.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from .._opspec import get_spec
 from .configs import Config
 
 _INT8_CODES = (-64, 64)  # [lo, hi) of int8 operand codes (see the module docstring)
+_UINT8_FILTER_CODES = (0, 128)  # [lo, hi) of ConvInteger's uint8 w beside an int8 x (ditto)
 
 
 def _etype(name: str) -> ElementType:
     return ELEMENT_TYPES[name]
 
 
-def _operand(t: ElementType, shape, rng) -> np.ndarray:
+def _operand(t: ElementType, shape, rng, codes: tuple | None = None) -> np.ndarray:
     if t.kind == "integer":
-        lo, hi = _INT8_CODES if t.name == "int8" else (t.lo, t.hi + 1)
+        lo, hi = codes or (_INT8_CODES if t.name == "int8" else (t.lo, t.hi + 1))
         return rng.integers(lo, hi, size=shape).astype(t.dtype)
     codes = np.arange(256, dtype=np.uint8).view(t.dtype)
     finite = codes[np.isfinite(codes.astype(np.float32))]
@@ -150,7 +152,9 @@ def _operands(c: Config, a_shape, b_shape, a_param, b_param, rng):
         a = _small_operand(a_t, a_shape, rng, a_zp)
         b = _small_operand(b_t, b_shape, rng, b_zp)
     else:
-        a, b = _operand(a_t, a_shape, rng), _operand(b_t, b_shape, rng)
+        b_codes = (_UINT8_FILTER_CODES if c.op_type == "ConvInteger" and (a_t.name, b_t.name) == ("int8", "uint8")
+                   else None)
+        a, b = _operand(a_t, a_shape, rng), _operand(b_t, b_shape, rng, b_codes)
     return a, b, a_zp, b_zp
 
 

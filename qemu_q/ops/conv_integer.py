@@ -39,7 +39,10 @@ class ConvPlan:
     pads_end: tuple
     out_spatial: tuple
     w_zp_per_channel: bool
-    pairs: bool
+    # the x86-u8s8-pairs accumulator's K order where it applies (docs/semantics.md): "nhwc"
+    # (QLinearConv, uint8 x and int8 w: kernel position outer, channel inner) or "nchw"
+    # (ConvInteger, int8 x and uint8 w: the filter's own order); None: exact
+    pairs: str | None
     narrow: tuple | None   # (width, saturate): a named accumulator summed in k order
 
 
@@ -129,8 +132,13 @@ def _plan(op_type, opset, x_sig, w_sig, x_zp_sig, w_zp_sig, auto_pad, dilations,
             raise ValueError(f"{where}: {name} has shape {zp.shape}; allowed: {allowed}")
     w_zp_per_channel = w_zp_sig is not None and ArraySpec(*w_zp_sig).shape == (out_channels,) \
         and out_channels != 1
-    pairs = (accumulator == "x86-u8s8-pairs" and op_type == "QLinearConv" and x_type.name == "uint8"
-             and w_type.name == "int8" and (channels // group) % 2 == 0)
+    pairs = None
+    if accumulator == "x86-u8s8-pairs":
+        if (op_type == "QLinearConv" and x_type.name == "uint8" and w_type.name == "int8"
+                and (channels // group) % 2 == 0):
+            pairs = "nhwc"
+        elif op_type == "ConvInteger" and x_type.name == "int8" and w_type.name == "uint8":
+            pairs = "nchw"
     _, narrow = dp.parse_accumulator(accumulator)
     return ConvPlan(where, x_type, w_type, batch, channels, out_channels, group, kernel,
                     strides_t, dilations_t, tuple(begin), tuple(end), tuple(out_spatial),
@@ -175,26 +183,8 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
     w_zp_values = (np.zeros(plan.out_channels, np.int64) if w_zp is None else
                    np.broadcast_to(dp.int_values(np.asarray(w_zp).reshape(-1), plan.w_type).astype(np.int64),
                                    (plan.out_channels,)))
-    if plan.pairs:
-        # Raw codes in NHWC order (kernel position outer, channel inner), padded with the
-        # zero point's code: the order VPMADDUBSW pairs channels in.
-        padded = _pad(x.view(np.uint8), plan, x_zp_value)
-        win = _windows(padded, plan)  # [N, C, *out, *kernel]
-        win = win.reshape((plan.batch, groups, c_g) + plan.out_spatial + plan.kernel)
-        cols = np.ascontiguousarray(np.moveaxis(win, 2, -1)).reshape(plan.batch * groups, positions, taps * c_g)
-        w_raw = w.view(np.int8).reshape((groups, m_g, c_g) + plan.kernel)
-        w_cols = np.ascontiguousarray(np.moveaxis(w_raw, 2, -1)).reshape(groups, m_g, taps * c_g)
-        w_cols = dp.flatten_leading(np.broadcast_to(w_cols, (plan.batch, groups, m_g, taps * c_g)), m_g, taps * c_g)
-        raw = dp.pair_sums(cols, w_cols, n_threads).astype(np.int64)  # [N*G, L, Mg]
-        depth = taps * c_g
-        window_sums = cols.astype(np.int64).sum(axis=2)[:, :, None]                # [N*G, L, 1]
-        weight_sums = w_cols.astype(np.int64).sum(axis=2)[:, None, :]              # [N*G, 1, Mg]
-        w_zp_g = dp.flatten_leading(np.broadcast_to(w_zp_values.reshape(groups, m_g), (plan.batch, groups, m_g)), m_g)[:, None, :]
-        acc = raw - x_zp_value * weight_sums - w_zp_g * window_sums + depth * x_zp_value * w_zp_g
-        acc = np.swapaxes(acc, 1, 2).reshape(plan.batch, plan.out_channels, positions)
-        if bias is not None:
-            acc = acc + bias.astype(np.int64)[None, :, None]
-        return dp.wrap_int64(acc)
+    if plan.pairs is not None:
+        return _pair_accumulate(plan, x, w, x_zp_value, w_zp_values, bias, n_threads)
     # 8-bit codes minus their zero points lie in [-255, 255]: exact in int16
     x_vals = dp.int_values(x, plan.x_type).astype(np.int16) - np.int16(x_zp_value)
     padded = _pad_values(x_vals, plan)  # a padded element is the zero point: 0 after subtraction
@@ -233,6 +223,45 @@ def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray
     return acc
 
 
+def _pair_accumulate(plan: ConvPlan, x, w, x_zp_value: int, w_zp_values, bias, n_threads) -> np.ndarray:
+    """The x86-u8s8-pairs accumulators [N, M, L] (bias included): VPMADDUBSW's int16 sums
+    of pairs of raw uint8 x int8 codes along K, then the zero points' exact corrections.
+    onnxruntime's QLinearConv reads K in NHWC order (kernel position outer, channel inner)
+    with x the uint8 operand; its ConvInteger GEMM takes w as the uint8 operand and the
+    columns of x in the filter's order (channel outer, kernel positions inner). A padded
+    element is the zero point's raw code."""
+    rank = len(plan.kernel)
+    groups, m_g = plan.group, plan.out_channels // plan.group
+    c_g = plan.channels // groups
+    depth = int(np.prod(plan.kernel)) * c_g
+    positions = int(np.prod(plan.out_spatial))
+    x_raw, w_raw = (x.view(np.uint8), w.view(np.int8)) if plan.pairs == "nhwc" else (x.view(np.int8), w.view(np.uint8))
+    win = _windows(_pad(x_raw, plan, x_zp_value), plan)  # [N, C, *out, *kernel]
+    win = win.reshape((plan.batch, groups, c_g) + plan.out_spatial + plan.kernel)
+    w_raw = w_raw.reshape((groups, m_g, c_g) + plan.kernel)
+    if plan.pairs == "nhwc":  # the channel axis innermost
+        win = np.moveaxis(win, 2, -1)
+        w_raw = np.moveaxis(w_raw, 2, -1)
+    else:  # channel and kernel positions after the output positions
+        win = np.moveaxis(win, 2, 2 + rank)
+    cols = np.ascontiguousarray(win).reshape(plan.batch * groups, positions, depth)
+    w_cols = dp.flatten_leading(np.broadcast_to(np.ascontiguousarray(w_raw).reshape(groups, m_g, depth),
+                                                (plan.batch, groups, m_g, depth)), m_g, depth)
+    window_sums = cols.astype(np.int64).sum(axis=2)[:, None, :]    # [N*G, 1, L]
+    weight_sums = w_cols.astype(np.int64).sum(axis=2)[:, :, None]  # [N*G, Mg, 1]
+    w_zp_g = dp.flatten_leading(np.broadcast_to(w_zp_values.reshape(groups, m_g), (plan.batch, groups, m_g)),
+                                m_g)[:, :, None]
+    if plan.pairs == "nhwc":
+        raw = np.swapaxes(dp.pair_sums(cols, w_cols, n_threads), 1, 2)  # [N*G, Mg, L]
+    else:
+        raw = dp.pair_sums(w_cols, cols, n_threads)
+    acc = raw.astype(np.int64) - x_zp_value * weight_sums - w_zp_g * window_sums + depth * x_zp_value * w_zp_g
+    acc = acc.reshape(plan.batch, plan.out_channels, positions)
+    if bias is not None:
+        acc = acc + bias.astype(np.int64)[None, :, None]
+    return dp.wrap_int64(acc)
+
+
 def _conv_plan(op_type, opset, x, w, x_zp, w_zp, auto_pad, dilations, group, kernel_shape, pads,
                strides, accumulator):
     def frozen(v):
@@ -264,7 +293,7 @@ def conv_integer(x: Array, w: Array, x_zero_point: Array | None = None,
                  datapath: Datapath | None = None) -> np.ndarray:
     """ONNX ConvInteger-10: int32 convolution of (x - x_zero_point) and (w - w_zero_point),
     exact products, sums wrapped modulo 2**32; padding carries the zero point. The
-    "x86-u8s8-pairs" accumulator changes nothing here; "int<N>" / "int<N>-saturate"
+    "x86-u8s8-pairs" accumulator applies to an int8 x with a uint8 w; "int<N>" / "int<N>-saturate"
     (N in 8..32) sum in k order through an N-bit register (docs/semantics.md)."""
     accumulator = integer_op_accumulator(
         as_datapath(datapath, op_type="ConvInteger", opset=normalize_opset(opset)), accumulator,
