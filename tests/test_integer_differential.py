@@ -109,6 +109,19 @@ def raises(fn, *args):
         return error, None
 
 
+def assert_onnxruntime_model(theirs, pairs, exact):
+    """onnxruntime's u8 x s8 products on this CPU: the exact int32 sums with VNNI
+    (VPDPBUSD), the pairs model on AVX2 without it, one of the two on another instruction
+    set."""
+    flags = cpu_flags()
+    if flags & {"avx_vnni", "avx512_vnni", "avx512vnni"}:
+        np.testing.assert_array_equal(theirs, exact)
+    elif "avx2" in flags:
+        np.testing.assert_array_equal(theirs, pairs)
+    else:
+        assert np.array_equal(theirs, pairs) or np.array_equal(theirs, exact)
+
+
 def test_qlinear_matmul_u8s8_pairs_model_onnxruntime():
     """onnxruntime's u8 x s8 QLinearMatMul is the pairs accumulator on AVX2 CPUs without
     VNNI and the exact int32 one with VNNI (VPDPBUSD); either way one of the two models."""
@@ -120,13 +133,7 @@ def test_qlinear_matmul_u8s8_pairs_model_onnxruntime():
     pairs = qemu_q.qlinear_matmul(*inputs, requantization="float32", accumulator="x86-u8s8-pairs")
     exact_acc = qemu_q.qlinear_matmul(*inputs, requantization="float32")
     assert not np.array_equal(exact_acc, pairs)  # the saturation is visible on these inputs
-    flags = cpu_flags()
-    if flags & {"avx_vnni", "avx512_vnni", "avx512vnni"}:
-        np.testing.assert_array_equal(exact_acc, theirs)
-    elif "avx2" in flags:
-        np.testing.assert_array_equal(pairs, theirs)
-    else:  # another instruction set: onnxruntime's path there is one of the two models
-        assert np.array_equal(pairs, theirs) or np.array_equal(exact_acc, theirs)
+    assert_onnxruntime_model(theirs, pairs, exact_acc)
 
 
 # ------------------------------------------------------------------ divergences (docs/divergences.md)
@@ -241,13 +248,7 @@ def test_conv_integer_s8u8_pairs_model_onnxruntime(attrs):
     pairs = qemu_q.conv_integer(*inputs, accumulator="x86-u8s8-pairs", **attrs)
     exact_acc = qemu_q.conv_integer(*inputs, **attrs)
     assert not np.array_equal(exact_acc, pairs)  # the saturation is visible on these inputs
-    flags = cpu_flags()
-    if flags & {"avx_vnni", "avx512_vnni", "avx512vnni"}:
-        np.testing.assert_array_equal(exact_acc, theirs)
-    elif "avx2" in flags:
-        np.testing.assert_array_equal(pairs, theirs)
-    else:
-        assert np.array_equal(pairs, theirs) or np.array_equal(exact_acc, theirs)
+    assert_onnxruntime_model(theirs, pairs, exact_acc)
 
 
 @divergence_entry("QLinearMatMul / QLinearConv requantization: float32 and float64 roundings")
