@@ -961,6 +961,27 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # carry instead of 10, the same bit.
 # datapath_round_f32_stochastic: on the magnitude, as round_magnitude defines it: the
 # carry adds one unit away from 0; q's sign put back on the bits, then one truncation.
+#
+# stochastic_count: a float32 magnitude (bits `absolute`) rounded
+# stochastically onto a float format of `mantissa_bits` whose smallest normal is float32's
+# exponent `min_normal_exponent`: the format's code for it, exponent included (subnormal
+# counts below 2**mantissa_bits, the normals above), from integer operations alone. |x| =
+# mantissa * 2**(exponent - 150) (exponent at least 1: float32's subnormals have no
+# implicit bit), and the format's ulp at |x| is float32's times 2**dropped: dropped = 23 -
+# mantissa_bits at and above the smallest normal, one more for each binade below it. The
+# kept part is mantissa >> dropped (0 from 24 dropped bits on), `fraction` the first 32
+# dropped bits: mantissa << (32 - dropped), wrapped, up to 25 dropped bits, then
+# (mantissa << 7) >> (dropped - 25) (mantissa << 7 < 2**31: a count clamped to 31 gives 0
+# where every bit lies past the 32). The word's carry out of those 32 bits rounds up
+# (docs/semantics.md, stochastic rounding), and a carry out of the mantissa moves into the
+# next binade by itself; the caller clamps what lies beyond the format's largest (inf and
+# NaN bits give counts beyond every format's largest, for the caller's selects). Every
+# shift count is in [0, 31] and every select a max or min: GCC vectorizes it with AVX2's
+# per-lane shifts. It replaces the float route (|x| scaled to subnormal ulps, the fraction
+# split at 2**31 for the signed conversion: 8 float operations a vector, which Zen 3
+# issues on two of its four vector pipes) where a loop serves a format's subnormal and
+# normal lanes together; one grid without subnormals (MXINT8) keeps the float route,
+# fewer operations there (docs/performance.md, "Stochastic rounding on integers").
 cdef extern from *:
     """
     #include <stdint.h>
@@ -986,6 +1007,23 @@ cdef extern from *:
         return below > (int32_t)(0x7FFFFFFFu - random_word);
     #endif
     }
+    QEMU_Q_ALWAYS_INLINE int32_t qemu_q_stochastic_count(int32_t absolute, uint32_t random_word,
+                                                         int32_t min_normal_exponent, int32_t mantissa_bits) {
+        int32_t shift = 23 - mantissa_bits;
+        int32_t exponent = absolute >> 23;
+        exponent = exponent > 1 ? exponent : 1;
+        uint32_t mantissa = (uint32_t)absolute - ((uint32_t)(exponent - 1) << 23);
+        int32_t dropped = min_normal_exponent + shift - exponent;
+        dropped = dropped > shift ? dropped : shift;
+        int32_t window = dropped < 25 ? dropped : 25;
+        int32_t beyond = dropped - window;
+        beyond = beyond < 31 ? beyond : 31;
+        uint32_t fraction = (mantissa << (32 - window)) >> beyond;
+        uint32_t kept = mantissa >> (dropped < 31 ? dropped : 31);
+        int32_t binade = exponent - min_normal_exponent;
+        binade = binade > 0 ? binade : 0;
+        return (binade << mantissa_bits) + (int32_t)kept + (int32_t)(fraction + random_word < fraction);
+    }
     QEMU_Q_ALWAYS_INLINE int32_t qemu_q_round_f32_stochastic(float q, uint32_t random_word) {
         float a = fabsf(q);
         float whole = (float)(int32_t)a;
@@ -996,6 +1034,8 @@ cdef extern from *:
     """
     bint stochastic_carry_f32 "qemu_q_stochastic_carry_f32" (float frac, uint32_t random_word) noexcept nogil
     int32_t datapath_round_f32_stochastic "qemu_q_round_f32_stochastic" (float q, uint32_t random_word) noexcept nogil
+    int32_t stochastic_count "qemu_q_stochastic_count" (int32_t absolute, uint32_t random_word,
+                                                        int32_t min_normal_exponent, int32_t mantissa_bits) noexcept nogil
 
 
 # 1 where round_magnitude adds one to `whole`, one function per mode (odd: whole & 1;
