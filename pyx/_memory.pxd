@@ -43,10 +43,10 @@ cdef extern from *:
     /* How far ahead the stochastic loops ask for their inputs (prefetcht0 on x86): with the
        hardware prefetchers alone those loops waited on the random words, their largest
        stream (docs/performance.md). prefetch_run: the lines of the next run of n float32
-       elements of x and of the words. Runs of QEMU_Q_PREFETCH_RUN elements; the small
-       floats' Cast loops take them at the AVX-512 level only (QEMU_Q_PREFETCH_RUN_SMALL 0:
-       no runs): elsewhere their compute-bound loop lost more to the runs' overheads than
-       the prefetches gave. */
+       elements of x and of the words. Runs of QEMU_Q_PREFETCH_RUN elements; Cast's loops
+       into the small floats and float16 take them at the AVX-512 level only
+       (QEMU_Q_PREFETCH_RUN_SMALL 0: no runs): elsewhere their compute-bound loops lost
+       more to the runs' overheads than the prefetches gave. */
     #define QEMU_Q_PREFETCH_AHEAD 2048
     #define QEMU_Q_PREFETCH_RUN 64
     #if defined(__AVX512F__)

@@ -56,6 +56,9 @@ cdef struct MXVectorConstants:
     int32_t fraction_mask    # (1 << shift) - 1
     float fraction_scale     # 2**-shift
     int32_t exponent_offset  # (127 - bias) << mantissa_bits
+    int32_t round_bias       # half_even: half an ulp minus one, in float32 mantissa units
+    float subnormal_magic    # half_even: a power of two whose ulp is the smallest subnormal
+    int32_t subnormal_magic_bits
     int32_t min_normal_code  # flush_outputs: 1 << mantissa_bits (a smaller result is a zero), else 0
     int32_t max_code
     int32_t sign_shift       # width - 1
@@ -430,6 +433,9 @@ cdef class MXQuantizeConfig:
         k.fraction_mask = (1 << k.shift) - 1
         k.fraction_scale = <float>(2.0 ** -k.shift)
         k.exponent_offset = p.encoder.exponent_offset
+        k.round_bias = p.encoder.round_bias
+        k.subnormal_magic = p.encoder.subnormal_magic
+        k.subnormal_magic_bits = p.encoder.subnormal_magic_bits
         k.min_normal_code = (1 << p.mantissa_bits) if flush_outputs else 0
         k.max_code = p.max_code
         k.sign_shift = p.encoder.sign_shift
