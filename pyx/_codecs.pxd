@@ -513,21 +513,13 @@ cdef inline int encode_small_float32(float q, const SmallFloat32Encoder* e) noex
     cdef int32_t u = <int32_t>float_bits(q)
     cdef int32_t sign = <int32_t>((<uint32_t>u >> 31) << e.sign_shift)
     cdef int32_t a = u & 0x7FFFFFFF
-    # Normal results: round the float32 mantissa to the target's width, ties to even, on
-    # the bits; a carry out of the mantissa correctly bumps the exponent.
-    cdef uint32_t rounded = <uint32_t>a + <uint32_t>e.round_bias + ((<uint32_t>a >> e.shift) & 1)
-    cdef int32_t normal = <int32_t>(rounded >> e.shift) - e.exponent_offset
-    # Subnormal results: |q| + magic lands in a binade whose ulp is the smallest subnormal,
-    # so the FPU's rounding (ties to even) counts subnormal steps; 2**m steps is the
-    # smallest normal, whose code is 2**m too.
-    cdef int32_t sub = <int32_t>float_bits(bits_float(<uint32_t>a) + e.subnormal_magic) - e.subnormal_magic_bits
-    cdef int32_t min_normal_bits = e.min_normal_bits
     cdef int32_t max_code = e.max_code
     cdef int32_t zero = sign & e.zero_sign
     cdef int32_t overflow = e.special.overflow_code | (sign & e.special.overflow_sign)
     cdef int32_t inf = e.special.inf_code | (sign & e.special.inf_sign)
     cdef int32_t nan = e.special.nan_code ^ (sign & e.special.nan_sign)
-    cdef int32_t magnitude = select_i32(a < min_normal_bits, sub, normal)
+    cdef int32_t magnitude = half_even_count(a, e.round_bias, e.shift, e.exponent_offset, e.min_normal_bits,
+                                             e.subnormal_magic, e.subnormal_magic_bits)
     cdef int32_t code = sign | magnitude
     code = code if magnitude != 0 else zero
     code = code if magnitude <= max_code else overflow
@@ -962,6 +954,15 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # datapath_round_f32_stochastic: on the magnitude, as round_magnitude defines it: the
 # carry adds one unit away from 0; q's sign put back on the bits, then one truncation.
 #
+# half_even_count: a float32 magnitude (bits `absolute`) rounded to nearest even onto a
+# small float (the encoder's fields): the code, exponent included. Normals on the bits: the
+# float32 mantissa rounded to the target's width, a carry out of it bumping the exponent;
+# subnormals: |x| + magic lands in a binade whose ulp is the smallest subnormal, so the
+# FPU's rounding (ties to even: the kernels' MXCSR, _fpenv.pxd) counts the subnormal steps,
+# 2**m of them being the smallest normal, whose code is 2**m too. The default encoder
+# (encode_small_float32) and the half_even datapath loops (QuantizeLinear's and
+# mx_quantize's, which the flush options run) share it.
+#
 # stochastic_count: a float32 magnitude (bits `absolute`) rounded
 # stochastically onto a float format of `mantissa_bits` whose smallest normal is float32's
 # exponent `min_normal_exponent`: the format's code for it, exponent included (subnormal
@@ -977,7 +978,8 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # next binade by itself; the caller clamps what lies beyond the format's largest (inf and
 # NaN bits give counts beyond every format's largest, for the caller's selects). Every
 # shift count is in [0, 31] and every select a max or min: GCC vectorizes it with AVX2's
-# per-lane shifts. It replaces the float route (|x| scaled to subnormal ulps, the fraction
+# per-lane shifts (the x86 baseline level, SSE2, has none: there it takes the float route).
+# It replaces the float route (|x| scaled to subnormal ulps, the fraction
 # split at 2**31 for the signed conversion: 8 float operations a vector, which Zen 3
 # issues on two of its four vector pipes) where a loop serves a format's subnormal and
 # normal lanes together; one grid without subnormals (MXINT8) keeps the float route,
@@ -1007,9 +1009,34 @@ cdef extern from *:
         return below > (int32_t)(0x7FFFFFFFu - random_word);
     #endif
     }
+    QEMU_Q_ALWAYS_INLINE int32_t qemu_q_half_even_count(int32_t absolute, int32_t round_bias, int32_t shift,
+                                                        int32_t exponent_offset, int32_t min_normal_bits,
+                                                        float subnormal_magic, int32_t subnormal_magic_bits) {
+        uint32_t rounded = (uint32_t)absolute + (uint32_t)round_bias + (((uint32_t)absolute >> shift) & 1u);
+        int32_t normal = (int32_t)(rounded >> shift) - exponent_offset;
+        int32_t subnormal = (int32_t)qemu_q_f32_bits(qemu_q_bits_f32((uint32_t)absolute) + subnormal_magic)
+                            - subnormal_magic_bits;
+        int32_t below = -(int32_t)(absolute < min_normal_bits);
+        return (subnormal & below) | (normal & ~below);
+    }
     QEMU_Q_ALWAYS_INLINE int32_t qemu_q_stochastic_count(int32_t absolute, uint32_t random_word,
                                                          int32_t min_normal_exponent, int32_t mantissa_bits) {
         int32_t shift = 23 - mantissa_bits;
+    #if (defined(__x86_64__) || defined(_M_X64)) && !defined(__AVX2__)
+        /* SSE2 has no per-lane shifts (the integer route ran scalar, about 4x slower): the
+           float route. Normals: the word's leading `shift` bits added to the dropped bits;
+           subnormals: |x| scaled to subnormal ulps (2**(254 + m - e) as float32 bits; |x|
+           clamped to 2**20, beyond every format's largest, so that the count converts). */
+        int32_t clamped = absolute < 0x49800000 ? absolute : 0x49800000;
+        int32_t below = -(int32_t)(clamped < (min_normal_exponent << 23));
+        float t = qemu_q_bits_f32((uint32_t)(clamped & below))
+                  * qemu_q_bits_f32((uint32_t)(254 + mantissa_bits - min_normal_exponent) << 23);
+        int32_t whole = (int32_t)t;
+        int32_t subnormal = whole + qemu_q_stochastic_carry_f32(t - (float)whole, random_word);
+        int32_t normal = (int32_t)(((uint32_t)clamped + (random_word >> (32 - shift))) >> shift)
+                         - ((min_normal_exponent - 1) << mantissa_bits);
+        return (subnormal & below) | (normal & ~below);
+    #else
         int32_t exponent = absolute >> 23;
         exponent = exponent > 1 ? exponent : 1;
         uint32_t mantissa = (uint32_t)absolute - ((uint32_t)(exponent - 1) << 23);
@@ -1023,6 +1050,7 @@ cdef extern from *:
         int32_t binade = exponent - min_normal_exponent;
         binade = binade > 0 ? binade : 0;
         return (binade << mantissa_bits) + (int32_t)kept + (int32_t)(fraction + random_word < fraction);
+    #endif
     }
     QEMU_Q_ALWAYS_INLINE int32_t qemu_q_round_f32_stochastic(float q, uint32_t random_word) {
         float a = fabsf(q);
@@ -1034,6 +1062,9 @@ cdef extern from *:
     """
     bint stochastic_carry_f32 "qemu_q_stochastic_carry_f32" (float frac, uint32_t random_word) noexcept nogil
     int32_t datapath_round_f32_stochastic "qemu_q_round_f32_stochastic" (float q, uint32_t random_word) noexcept nogil
+    int32_t half_even_count "qemu_q_half_even_count" (int32_t absolute, int32_t round_bias, int32_t shift,
+                                                      int32_t exponent_offset, int32_t min_normal_bits,
+                                                      float subnormal_magic, int32_t subnormal_magic_bits) noexcept nogil
     int32_t stochastic_count "qemu_q_stochastic_count" (int32_t absolute, uint32_t random_word,
                                                         int32_t min_normal_exponent, int32_t mantissa_bits) noexcept nogil
 

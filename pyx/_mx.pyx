@@ -22,6 +22,7 @@ from _codecs cimport (
     datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
     datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
     datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic, stochastic_count,
+    half_even_count,
 )
 from _mx_codecs cimport (
     MXElement, MX_FLOOR, MX_CEIL, MX_EVEN, MX_RCEIL, MX_RCEIL_F32, MX_SCALE_NAN,

@@ -31,7 +31,7 @@ from _codecs cimport (
     select_i32, select_f32, float_bits, bits_float, pow2, flush_subnormal_f32,
     datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
     datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
-    datapath_round_up_up, datapath_round_up_to_odd, stochastic_count,
+    datapath_round_up_up, datapath_round_up_to_odd, stochastic_count, half_even_count,
     select_i64, flush_subnormal_f64, double_to_float_odd_staged, double_bits,
     division_remainder_f32, quotient_rounded_to_odd, exact_even_quotient,
 )
