@@ -749,17 +749,26 @@ cdef inline double int64_to_double_odd(int64_t v) noexcept nogil:
 
 
 # qemu_q.Datapath (qemu_q/datapath.py): the rounding of a quotient to an integer or to a
-# small float's mantissa, by mode. The codes are the index in datapath.ROUNDINGS.
-cdef enum DatapathRounding:
-    DP_HALF_EVEN = 0
-    DP_HALF_AWAY = 1
-    DP_HALF_UP = 2
-    DP_HALF_DOWN = 3
-    DP_TOWARD_ZERO = 4
-    DP_DOWN = 5
-    DP_UP = 6
-    DP_TO_ODD = 7
-    DP_STOCHASTIC = 8
+# small float's mantissa, by mode. The codes are the index in datapath.ROUNDINGS; they are
+# C constants so that the C helpers (rounded_count below, _mx_codecs.pxd) switch on them.
+cdef extern from *:
+    """
+    enum qemu_q_datapath_rounding {
+        QEMU_Q_DP_HALF_EVEN = 0, QEMU_Q_DP_HALF_AWAY = 1, QEMU_Q_DP_HALF_UP = 2,
+        QEMU_Q_DP_HALF_DOWN = 3, QEMU_Q_DP_TOWARD_ZERO = 4, QEMU_Q_DP_DOWN = 5, QEMU_Q_DP_UP = 6,
+        QEMU_Q_DP_TO_ODD = 7, QEMU_Q_DP_STOCHASTIC = 8
+    };
+    """
+    enum:
+        DP_HALF_EVEN "QEMU_Q_DP_HALF_EVEN"
+        DP_HALF_AWAY "QEMU_Q_DP_HALF_AWAY"
+        DP_HALF_UP "QEMU_Q_DP_HALF_UP"
+        DP_HALF_DOWN "QEMU_Q_DP_HALF_DOWN"
+        DP_TOWARD_ZERO "QEMU_Q_DP_TOWARD_ZERO"
+        DP_DOWN "QEMU_Q_DP_DOWN"
+        DP_UP "QEMU_Q_DP_UP"
+        DP_TO_ODD "QEMU_Q_DP_TO_ODD"
+        DP_STOCHASTIC "QEMU_Q_DP_STOCHASTIC"
 
 
 # What a NaN quotient rounds to for integer outputs (datapath.NANS_TO_INTEGER).
@@ -963,27 +972,34 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # (encode_small_float32) and the half_even datapath loops (QuantizeLinear's and
 # mx_quantize's, which the flush options run) share it.
 #
-# stochastic_count: a float32 magnitude (bits `absolute`) rounded
-# stochastically onto a float format of `mantissa_bits` whose smallest normal is float32's
+# rounded_count: a float32 magnitude (bits `absolute`, of a value whose sign is `negative`,
+# 0 or 1) rounded by `mode` (a DP_ constant: the callers' loops are one per mode, so the
+# switch folds) onto a float format of `mantissa_bits` whose smallest normal is float32's
 # exponent `min_normal_exponent`: the format's code for it, exponent included (subnormal
-# counts below 2**mantissa_bits, the normals above), from integer operations alone. |x| =
-# mantissa * 2**(exponent - 150) (exponent at least 1: float32's subnormals have no
-# implicit bit), and the format's ulp at |x| is float32's times 2**dropped: dropped = 23 -
-# mantissa_bits at and above the smallest normal, one more for each binade below it. The
-# kept part is mantissa >> dropped (0 from 24 dropped bits on), `fraction` the first 32
-# dropped bits: mantissa << (32 - dropped), wrapped, up to 25 dropped bits, then
-# (mantissa << 7) >> (dropped - 25) (mantissa << 7 < 2**31: a count clamped to 31 gives 0
-# where every bit lies past the 32). The word's carry out of those 32 bits rounds up
-# (docs/semantics.md, stochastic rounding), and a carry out of the mantissa moves into the
-# next binade by itself; the caller clamps what lies beyond the format's largest (inf and
-# NaN bits give counts beyond every format's largest, for the caller's selects). Every
-# shift count is in [0, 31] and every select a max or min: GCC vectorizes it with AVX2's
-# per-lane shifts (the x86 baseline level, SSE2, has none: there it takes the float route).
-# It replaces the float route (|x| scaled to subnormal ulps, the fraction
-# split at 2**31 for the signed conversion: 8 float operations a vector, which Zen 3
-# issues on two of its four vector pipes) where a loop serves a format's subnormal and
-# normal lanes together; one grid without subnormals (MXINT8) keeps the float route,
-# fewer operations there (docs/performance.md, "Stochastic rounding on integers").
+# counts below 2**mantissa_bits, the normals above), from integer operations alone, the
+# rounding table of docs/semantics.md on the dropped bits. |x| = mantissa * 2**(exponent -
+# 150) (exponent at least 1: float32's subnormals have no implicit bit), and the format's
+# ulp at |x| is float32's times 2**dropped: dropped = 23 - mantissa_bits at and above the
+# smallest normal, one more for each binade below it. The kept part is mantissa >> dropped
+# (0 from 24 dropped bits on), `fraction` the first 32 dropped bits: mantissa << (32 -
+# dropped), wrapped, up to 25 dropped bits, then (mantissa << 7) >> (dropped - 25)
+# (mantissa << 7 < 2**31: a count clamped to 31 gives 0 where every bit lies past the 32).
+# A mode rounds up where the fraction plus its increment carries out of 32 bits: the
+# stochastic word (docs/semantics.md, stochastic rounding), just below or at half for the
+# ties (exact: up to 25 dropped bits the fraction holds them all, and beyond them the value
+# lies below a quarter of the ulp); the directed modes and to_odd need only whether any
+# dropped bit is set. A carry out of the mantissa moves into the next binade by itself;
+# the caller clamps what lies beyond the format's largest (inf and NaN bits give counts
+# beyond every format's largest, for the caller's selects). Every shift count is in [0,
+# 31] and every select a max or min: GCC vectorizes it with AVX2's per-lane shifts (the x86
+# baseline level, SSE2, has none: there it takes the float route). QuantizeLinear's,
+# Cast's and mx_quantize's small-float datapath loops call it for every mode but the
+# default half_even (half_even_count: fewer operations). It replaced the float route (|x|
+# scaled to subnormal ulps and the fraction compared, or split at 2**31 for the stochastic
+# carry's signed conversion: up to 8 float operations a vector, which Zen 3 issues on two
+# of its four vector pipes) where a loop serves a format's subnormal and normal lanes
+# together; one grid without subnormals (MXINT8) keeps the float route, fewer operations
+# there (docs/performance.md, "Stochastic rounding on integers").
 cdef extern from *:
     """
     #include <stdint.h>
@@ -1009,6 +1025,22 @@ cdef extern from *:
         return below > (int32_t)(0x7FFFFFFFu - random_word);
     #endif
     }
+    /* 1 where round_magnitude adds one to `whole` (odd: whole & 1), from the float
+       fraction t - whole of a magnitude t (exact); negative 0 or 1. */
+    QEMU_Q_ALWAYS_INLINE int32_t qemu_q_round_up_f32(int32_t odd, float frac, int32_t negative,
+                                                     uint32_t random_word, int mode) {
+        switch (mode) {
+        case QEMU_Q_DP_HALF_EVEN: return (frac > 0.5f) | ((frac == 0.5f) & odd);
+        case QEMU_Q_DP_HALF_AWAY: return frac >= 0.5f;
+        case QEMU_Q_DP_HALF_UP: return (frac > 0.5f) | ((frac == 0.5f) & (1 - negative));
+        case QEMU_Q_DP_HALF_DOWN: return (frac > 0.5f) | ((frac == 0.5f) & negative);
+        case QEMU_Q_DP_TOWARD_ZERO: return 0;
+        case QEMU_Q_DP_DOWN: return (frac != 0.0f) & negative;
+        case QEMU_Q_DP_UP: return (frac != 0.0f) & (1 - negative);
+        case QEMU_Q_DP_TO_ODD: return (frac != 0.0f) & (1 - odd);
+        default: return qemu_q_stochastic_carry_f32(frac, random_word);
+        }
+    }
     QEMU_Q_ALWAYS_INLINE int32_t qemu_q_half_even_count(int32_t absolute, int32_t round_bias, int32_t shift,
                                                         int32_t exponent_offset, int32_t min_normal_bits,
                                                         float subnormal_magic, int32_t subnormal_magic_bits) {
@@ -1019,23 +1051,43 @@ cdef extern from *:
         int32_t below = -(int32_t)(absolute < min_normal_bits);
         return (subnormal & below) | (normal & ~below);
     }
-    QEMU_Q_ALWAYS_INLINE int32_t qemu_q_stochastic_count(int32_t absolute, uint32_t random_word,
-                                                         int32_t min_normal_exponent, int32_t mantissa_bits) {
+    QEMU_Q_ALWAYS_INLINE int32_t qemu_q_rounded_count(int32_t absolute, int32_t negative, uint32_t random_word,
+                                                      int32_t min_normal_exponent, int32_t mantissa_bits,
+                                                      int mode) {
         int32_t shift = 23 - mantissa_bits;
     #if (defined(__x86_64__) || defined(_M_X64)) && !defined(__AVX2__)
         /* SSE2 has no per-lane shifts (the integer route ran scalar, about 4x slower): the
-           float route. Normals: the word's leading `shift` bits added to the dropped bits;
-           subnormals: |x| scaled to subnormal ulps (2**(254 + m - e) as float32 bits; |x|
-           clamped to 2**20, beyond every format's largest, so that the count converts). */
+           float route. Normals: the mode's increment added to the dropped bits (one shift
+           count for every lane); subnormals: |x| scaled to subnormal ulps (2**(254 + m - e)
+           as float32 bits; |x| clamped to 2**20, beyond every format's largest, so that the
+           count converts) and the fraction compared. */
         int32_t clamped = absolute < 0x49800000 ? absolute : 0x49800000;
         int32_t below = -(int32_t)(clamped < (min_normal_exponent << 23));
+        uint32_t dropped_mask = (1u << shift) - 1u;
+        uint32_t half = 1u << (shift - 1);
+        uint32_t inexact = ((uint32_t)clamped & dropped_mask) != 0;
+        uint32_t odd = ((uint32_t)clamped >> shift) & 1u;
         float t = qemu_q_bits_f32((uint32_t)(clamped & below))
                   * qemu_q_bits_f32((uint32_t)(254 + mantissa_bits - min_normal_exponent) << 23);
         int32_t whole = (int32_t)t;
-        int32_t subnormal = whole + qemu_q_stochastic_carry_f32(t - (float)whole, random_word);
-        int32_t normal = (int32_t)(((uint32_t)clamped + (random_word >> (32 - shift))) >> shift)
+        float frac = t - (float)whole;
+        int32_t up = qemu_q_round_up_f32(whole & 1, frac, negative, random_word, mode);
+        uint32_t increment;
+        switch (mode) {
+        case QEMU_Q_DP_HALF_EVEN: increment = half - 1u + odd; break;
+        case QEMU_Q_DP_HALF_AWAY: increment = half; break;
+        case QEMU_Q_DP_HALF_UP: increment = half - (uint32_t)negative; break;
+        case QEMU_Q_DP_HALF_DOWN: increment = half - 1u + (uint32_t)negative; break;
+        case QEMU_Q_DP_TOWARD_ZERO: increment = 0; break;
+        case QEMU_Q_DP_DOWN: increment = dropped_mask & (0u - (uint32_t)negative); break;
+        case QEMU_Q_DP_UP: increment = dropped_mask & ((uint32_t)negative - 1u); break;
+        /* not an increment: an inexact kept part is made odd */
+        case QEMU_Q_DP_TO_ODD: increment = (uint32_t)(inexact & (odd ^ 1u)) << shift; break;
+        default: increment = random_word >> (32 - shift); break;
+        }
+        int32_t normal = (int32_t)(((uint32_t)clamped + increment) >> shift)
                          - ((min_normal_exponent - 1) << mantissa_bits);
-        return (subnormal & below) | (normal & ~below);
+        return ((whole + up) & below) | (normal & ~below);
     #else
         int32_t exponent = absolute >> 23;
         exponent = exponent > 1 ? exponent : 1;
@@ -1045,11 +1097,29 @@ cdef extern from *:
         int32_t window = dropped < 25 ? dropped : 25;
         int32_t beyond = dropped - window;
         beyond = beyond < 31 ? beyond : 31;
-        uint32_t fraction = (mantissa << (32 - window)) >> beyond;
+        uint32_t window_bits = mantissa << (32 - window);
+        uint32_t fraction = window_bits >> beyond;
         uint32_t kept = mantissa >> (dropped < 31 ? dropped : 31);
         int32_t binade = exponent - min_normal_exponent;
         binade = binade > 0 ? binade : 0;
-        return (binade << mantissa_bits) + (int32_t)kept + (int32_t)(fraction + random_word < fraction);
+        int32_t count = (binade << mantissa_bits) + (int32_t)kept;
+        /* inexact: window_bits holds every dropped bit (all of the mantissa from 25 dropped
+           bits on); a fraction shifted further lies below a quarter of the ulp, where no
+           half mode rounds up */
+        int32_t inexact = window_bits != 0;
+        uint32_t increment;
+        switch (mode) {
+        case QEMU_Q_DP_HALF_EVEN: increment = 0x7FFFFFFFu + (kept & 1u); break;
+        case QEMU_Q_DP_HALF_AWAY: increment = 0x80000000u; break;
+        case QEMU_Q_DP_HALF_UP: increment = 0x80000000u - (uint32_t)negative; break;
+        case QEMU_Q_DP_HALF_DOWN: increment = 0x7FFFFFFFu + (uint32_t)negative; break;
+        case QEMU_Q_DP_TOWARD_ZERO: return count;
+        case QEMU_Q_DP_DOWN: return count + (inexact & negative);
+        case QEMU_Q_DP_UP: return count + (inexact & (1 - negative));
+        case QEMU_Q_DP_TO_ODD: return count | inexact;
+        default: increment = random_word; break;
+        }
+        return count + (int32_t)(fraction + increment < fraction);
     #endif
     }
     QEMU_Q_ALWAYS_INLINE int32_t qemu_q_round_f32_stochastic(float q, uint32_t random_word) {
@@ -1060,62 +1130,15 @@ cdef extern from *:
         return (int32_t)qemu_q_bits_f32((qemu_q_f32_bits(q) & 0x80000000u) | qemu_q_f32_bits(whole + one));
     }
     """
-    bint stochastic_carry_f32 "qemu_q_stochastic_carry_f32" (float frac, uint32_t random_word) noexcept nogil
+    int32_t datapath_round_up "qemu_q_round_up_f32" (int32_t odd, float frac, int32_t negative,
+                                                     uint32_t random_word, int mode) noexcept nogil
     int32_t datapath_round_f32_stochastic "qemu_q_round_f32_stochastic" (float q, uint32_t random_word) noexcept nogil
     int32_t half_even_count "qemu_q_half_even_count" (int32_t absolute, int32_t round_bias, int32_t shift,
                                                       int32_t exponent_offset, int32_t min_normal_bits,
                                                       float subnormal_magic, int32_t subnormal_magic_bits) noexcept nogil
-    int32_t stochastic_count "qemu_q_stochastic_count" (int32_t absolute, uint32_t random_word,
-                                                        int32_t min_normal_exponent, int32_t mantissa_bits) noexcept nogil
-
-
-# 1 where round_magnitude adds one to `whole`, one function per mode (odd: whole & 1;
-# negative: 0 or 1; random_word: the element's word, read by stochastic only). Each loop
-# of _datapath_loops.pxi calls its mode's by name: no mode is ever a run-time value there.
-cdef inline int32_t datapath_round_up_half_even(int32_t odd, float frac, int32_t negative,
-                                                uint32_t random_word) noexcept nogil:
-    return (frac > <float>0.5) | ((frac == <float>0.5) & odd)
-
-
-cdef inline int32_t datapath_round_up_half_away(int32_t odd, float frac, int32_t negative,
-                                                uint32_t random_word) noexcept nogil:
-    return frac >= <float>0.5
-
-
-cdef inline int32_t datapath_round_up_half_up(int32_t odd, float frac, int32_t negative,
-                                              uint32_t random_word) noexcept nogil:
-    return (frac > <float>0.5) | ((frac == <float>0.5) & (1 - negative))
-
-
-cdef inline int32_t datapath_round_up_half_down(int32_t odd, float frac, int32_t negative,
-                                                uint32_t random_word) noexcept nogil:
-    return (frac > <float>0.5) | ((frac == <float>0.5) & negative)
-
-
-cdef inline int32_t datapath_round_up_toward_zero(int32_t odd, float frac, int32_t negative,
-                                                  uint32_t random_word) noexcept nogil:
-    return 0
-
-
-cdef inline int32_t datapath_round_up_down(int32_t odd, float frac, int32_t negative,
-                                           uint32_t random_word) noexcept nogil:
-    return (frac != <float>0.0) & negative
-
-
-cdef inline int32_t datapath_round_up_up(int32_t odd, float frac, int32_t negative,
-                                         uint32_t random_word) noexcept nogil:
-    return (frac != <float>0.0) & (1 - negative)
-
-
-cdef inline int32_t datapath_round_up_to_odd(int32_t odd, float frac, int32_t negative,
-                                             uint32_t random_word) noexcept nogil:
-    return (frac != <float>0.0) & (1 - odd)
-
-
-cdef inline int32_t datapath_round_up_stochastic(int32_t odd, float frac, int32_t negative,
-                                                 uint32_t random_word) noexcept nogil:
-    # the carry out of 32 bits when the word is added to the fraction's first 32 bits
-    return stochastic_carry_f32(frac, random_word)
+    int32_t rounded_count "qemu_q_rounded_count" (int32_t absolute, int32_t negative, uint32_t random_word,
+                                                  int32_t min_normal_exponent, int32_t mantissa_bits,
+                                                  int mode) noexcept nogil
 
 
 cdef inline float flush_subnormal_f32(float v, float min_normal) noexcept nogil:
@@ -1199,12 +1222,15 @@ cdef inline int32_t datapath_round_f32_up(float q, uint32_t random_word) noexcep
 
 
 cdef inline int32_t datapath_round_f32_to_odd(float q, uint32_t random_word) noexcept nogil:
-    # on the magnitude, which rounds to odd as the value does: trunc(|q|) | 1 where
-    # inexact (the odd one of the two neighbours), converted back and given q's sign
-    cdef float a = fabsf(q)
-    cdef int32_t whole = <int32_t>a
-    whole = whole | <int32_t>(<float>whole != a)
-    return <int32_t>copysign_f32(<float>whole, q)
+    # RNE(q), and one toward q where that is even and q is not an integer (the odd one of
+    # q's two neighbours): s's last bit is RNE(q)'s parity (1.5 * 2**23 is even), the step
+    # is +-1 with r's sign or a zero (s + -0 is s), and s +- 1 stays below 2**24. (No
+    # conversion: trunc(|q|) | inexact took three, with the sign put back.)
+    cdef float s = q + <float>12582912.0
+    cdef float r = q - (s - <float>12582912.0)
+    cdef uint32_t step = ((<uint32_t>0x3F800000 & <uint32_t>(-(<int32_t>(r != <float>0.0)))
+                           & ((float_bits(s) & 1) - 1)) | (float_bits(r) & <uint32_t>0x80000000))
+    return <int32_t>float_bits(s + bits_float(step)) - <int32_t>ROUND_MAGIC_BITS
 
 
 

@@ -19,10 +19,7 @@ from _codecs cimport (
     float_bits, bits_float, round_biased, saturate_biased, select_i32, select_f32, pow2,
     DP_HALF_EVEN, DP_HALF_AWAY, DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP,
     DP_TO_ODD, DP_STOCHASTIC,
-    datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
-    datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
-    datapath_round_up_up, datapath_round_up_to_odd, datapath_round_up_stochastic, stochastic_count,
-    half_even_count,
+    datapath_round_up, rounded_count, half_even_count,
 )
 from _mx_codecs cimport (
     MXElement, MX_FLOOR, MX_CEIL, MX_EVEN, MX_RCEIL, MX_RCEIL_F32, MX_SCALE_NAN,
@@ -52,10 +49,7 @@ cdef struct MXVectorConstants:
     int32_t flush_below      # flush_inputs: x magnitudes (float32 bits) below it are zeros
     int32_t exact            # 1: the exact quotient (a nonzero x's tiny q stays nonzero)
     int32_t min_normal_bits  # the element's smallest normal, as float32 bits
-    float subnormal_scale    # 2**(mantissa_bits - min_exponent): one element subnormal ulp -> 1
     int32_t shift            # 23 - mantissa_bits
-    int32_t fraction_mask    # (1 << shift) - 1
-    float fraction_scale     # 2**-shift
     int32_t exponent_offset  # (127 - bias) << mantissa_bits
     int32_t round_bias       # half_even: half an ulp minus one, in float32 mantissa units
     float subnormal_magic    # half_even: a power of two whose ulp is the smallest subnormal
@@ -429,10 +423,7 @@ cdef class MXQuantizeConfig:
         k.flush_below = <int32_t>(flush_below if flush_inputs else 0)
         k.exact = not quotient_f32
         k.min_normal_bits = (p.min_exponent + 127) << 23
-        k.subnormal_scale = <float>(2.0 ** (p.mantissa_bits - p.min_exponent))
         k.shift = 23 - p.mantissa_bits
-        k.fraction_mask = (1 << k.shift) - 1
-        k.fraction_scale = <float>(2.0 ** -k.shift)
         k.exponent_offset = p.encoder.exponent_offset
         k.round_bias = p.encoder.round_bias
         k.subnormal_magic = p.encoder.subnormal_magic

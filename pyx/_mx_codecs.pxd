@@ -131,10 +131,7 @@ cdef extern from *:
     """
     #include <stdint.h>
     #include <string.h>
-    /* The DatapathRounding codes of _codecs.pxd (datapath.ROUNDINGS order). */
-    enum { QQ_HALF_EVEN, QQ_HALF_AWAY, QQ_HALF_UP, QQ_HALF_DOWN, QQ_TOWARD_ZERO, QQ_DOWN,
-           QQ_UP, QQ_TO_ODD, QQ_STOCHASTIC };
-
+    /* mode: a QEMU_Q_DP_ rounding code (_codecs.pxd) */
     /* Whether whole + rem / 2^s (0 < s < 64, rem < 2^s) rounds up by `mode`; neg is the
        value's sign; word the stochastic word, added to the first 32 bits of the fraction
        (rem / 2^s truncated to 32 bits): a carry out of bit 32 rounds up. */
@@ -144,14 +141,14 @@ cdef extern from *:
         if (rem == 0) return 0;
         half = (uint64_t)1 << (s - 1);
         switch (mode) {
-        case QQ_HALF_EVEN: return rem > half || (rem == half && (whole & 1));
-        case QQ_HALF_AWAY: return rem >= half;
-        case QQ_HALF_UP: return rem > half || (rem == half && !neg);
-        case QQ_HALF_DOWN: return rem > half || (rem == half && neg);
-        case QQ_TOWARD_ZERO: return 0;
-        case QQ_DOWN: return neg;
-        case QQ_UP: return !neg;
-        case QQ_TO_ODD: return !(whole & 1);
+        case QEMU_Q_DP_HALF_EVEN: return rem > half || (rem == half && (whole & 1));
+        case QEMU_Q_DP_HALF_AWAY: return rem >= half;
+        case QEMU_Q_DP_HALF_UP: return rem > half || (rem == half && !neg);
+        case QEMU_Q_DP_HALF_DOWN: return rem > half || (rem == half && neg);
+        case QEMU_Q_DP_TOWARD_ZERO: return 0;
+        case QEMU_Q_DP_DOWN: return neg;
+        case QEMU_Q_DP_UP: return !neg;
+        case QEMU_Q_DP_TO_ODD: return !(whole & 1);
         default:
             top = s >= 32 ? rem >> (s - 32) : rem << (32 - s);
             return ((top + (uint64_t)word) >> 32) != 0;

@@ -29,9 +29,7 @@ from _codecs cimport (
     round_to_minifloat_value, valid_small_float_id, DP_HALF_EVEN, DP_STOCHASTIC, DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX,
     DP_HALF_AWAY, DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD,
     select_i32, select_f32, float_bits, bits_float, pow2, flush_subnormal_f32,
-    datapath_round_up_half_even, datapath_round_up_half_away, datapath_round_up_half_up,
-    datapath_round_up_half_down, datapath_round_up_toward_zero, datapath_round_up_down,
-    datapath_round_up_up, datapath_round_up_to_odd, stochastic_count, half_even_count,
+    rounded_count, half_even_count,
     select_i64, flush_subnormal_f64, double_to_float_odd_staged, double_bits,
     division_remainder_f32, quotient_rounded_to_odd, exact_even_quotient,
 )
@@ -150,12 +148,8 @@ cdef struct DatapathF32:
     int32_t nan_override      # 1: a NaN quotient gives nan_code (nan_to_integer min, max)
     int32_t nan_code
     int32_t shift             # small floats: 23 - mantissa bits
-    int32_t fraction_mask     # (1 << shift) - 1: the float32 bits below the target's ulp
-    float fraction_scale      # 2**-shift
     int32_t min_normal_bits   # float32 bits of the target's smallest normal
     int32_t min_normal_code   # its code, 1 << mantissa bits
-    float subnormal_scale     # 2**(mantissa_bits - min_exponent): |q| in subnormal ulps
-    float subnormal_ulp       # 2**(min_exponent - mantissa_bits)
     int32_t flush_outputs     # 1: a result below the smallest normal becomes zero
 
 
@@ -344,8 +338,8 @@ cdef inline void run_datapath(const x_storage_t* x, code_storage_t* y, Py_ssize_
 # the quotient x / s or x * (1 / s) (one IEEE rounding each, as datapath_quotient's
 # float32 branch), the input flush as a select; integer codes: q clamped in float32 to the
 # codes' range less the zero point, then rounded by mode to one integer
-# (datapath_round_f32_<mode> in _codecs.pxd); small floats: the mode's compare on the
-# rounded count of ulps and its exact fraction (datapath_round_up_<mode>). No branch
+# (datapath_round_f32_<mode> in _codecs.pxd); small floats: the count of the target's ulps
+# rounded on q's bits (half_even_count, rounded_count in _codecs.pxd). No branch
 # depends on an element, and the rounding mode, the scale mode and the parameter layout
 # are constants of each loop (_datapath_loops.pxi.tp), so the compiler vectorizes every
 # one of them. The bits are datapath_one's (tests/test_datapath_fast.py runs both
@@ -1207,12 +1201,8 @@ cdef void set_datapath_f32(DatapathF32* d, const QuantizePlan* p, int small_floa
     d.nan_override = p.nan_to_integer != DP_NAN_ZERO
     d.nan_code = d.hi if p.nan_to_integer == DP_NAN_MAX else d.lo
     d.shift = 23 - f.mantissa_bits
-    d.fraction_mask = (1 << d.shift) - 1
-    d.fraction_scale = <float>pow2(-d.shift)
     d.min_normal_bits = (f.min_exponent + 127) << 23
     d.min_normal_code = 1 << f.mantissa_bits
-    d.subnormal_scale = <float>pow2(f.mantissa_bits - f.min_exponent)
-    d.subnormal_ulp = <float>pow2(f.min_exponent - f.mantissa_bits)
     d.flush_outputs = p.flush_outputs
 
 
