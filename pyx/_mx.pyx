@@ -19,7 +19,10 @@ from _codecs cimport (
     float_bits, bits_float, round_biased, saturate_biased, select_i32, select_f32, pow2,
     DP_HALF_EVEN, DP_HALF_AWAY, DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP,
     DP_TO_ODD, DP_STOCHASTIC,
-    datapath_round_up, rounded_count, half_even_count,
+    rounded_count, half_even_count, datapath_round_f32_half_even, datapath_round_f32_half_away,
+    datapath_round_f32_half_up, datapath_round_f32_half_down, datapath_round_f32_toward_zero,
+    datapath_round_f32_down, datapath_round_f32_up, datapath_round_f32_to_odd,
+    datapath_round_up,
 )
 from _mx_codecs cimport (
     MXElement, MX_FLOOR, MX_CEIL, MX_EVEN, MX_RCEIL, MX_RCEIL_F32, MX_SCALE_NAN,
@@ -57,6 +60,7 @@ cdef struct MXVectorConstants:
     int32_t min_normal_code  # flush_outputs: 1 << mantissa_bits (a smaller result is a zero), else 0
     int32_t max_code
     int32_t sign_shift       # width - 1
+    float int8_max           # MXINT8: 127.0
 
 
 cdef struct MXPlan:
@@ -429,6 +433,7 @@ cdef class MXQuantizeConfig:
         k.subnormal_magic = p.encoder.subnormal_magic
         k.subnormal_magic_bits = p.encoder.subnormal_magic_bits
         k.min_normal_code = (1 << p.mantissa_bits) if flush_outputs else 0
+        k.int8_max = <float>127.0
         k.max_code = p.max_code
         k.sign_shift = p.encoder.sign_shift
 
