@@ -998,8 +998,9 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # scaled to subnormal ulps and the fraction compared, or split at 2**31 for the stochastic
 # carry's signed conversion: up to 8 float operations a vector, which Zen 3 issues on two
 # of its four vector pipes) where a loop serves a format's subnormal and normal lanes
-# together; one grid without subnormals (MXINT8) keeps the float route, fewer operations
-# there (docs/performance.md, "Stochastic rounding on integers").
+# together. One grid without subnormals (MXINT8) rounds as QuantizeLinear's integer codes
+# do (datapath_round_f32_<mode>), its stochastic mode on the float carry: fewer operations
+# there (docs/performance.md, "Every rounding mode on integers").
 cdef extern from *:
     """
     #include <stdint.h>
