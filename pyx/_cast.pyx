@@ -690,10 +690,8 @@ cdef class CastConfig:
         p.nan_keep = (0x7E00 if target_kind == CAST_FLOAT16 else 0x7FC0) if p.canonical_nan else 0xFFFF
         d.shift = 23 - p.target_mantissa_bits
         d.fraction_mask = (1 << d.shift) - 1
-        d.fraction_scale = <float>(2.0 ** -d.shift)
         d.min_normal_bits = (p.target_min_exponent + 127) << 23 if target_kind == CAST_SMALL_FLOAT else 0
         d.min_normal_code = 1 << p.target_mantissa_bits
-        d.subnormal_scale = <float>(2.0 ** (p.target_mantissa_bits - p.target_min_exponent))
 
     @property
     def path(self):

@@ -616,10 +616,8 @@ cdef struct CastSmallFloatDatapath:
     float x_min_normal        # subnormals flush_inputs: below it x is flushed (0: kept)
     int32_t shift             # 23 - mantissa bits
     int32_t fraction_mask     # (1 << shift) - 1: the float32 bits below the target's ulp
-    float fraction_scale      # 2**-shift
     int32_t min_normal_bits   # float32 bits of the target's smallest normal
     int32_t min_normal_code   # its code, 1 << mantissa bits
-    float subnormal_scale     # 2**(mantissa_bits - min_exponent): |x| in subnormal ulps
     int32_t flush_outputs     # 1: a result below the smallest normal becomes zero
 
 
