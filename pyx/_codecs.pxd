@@ -992,7 +992,8 @@ cdef inline double round_exact_to_format(uint64_t m, int k, bint negative, int m
 # 31] and every select a max or min: GCC vectorizes it with AVX2's per-lane shifts (the x86
 # baseline level, SSE2, has none: there it takes the float route). QuantizeLinear's,
 # Cast's and mx_quantize's small-float datapath loops call it for every mode but the
-# default half_even (half_even_count: fewer operations). It replaced the float route (|x|
+# default half_even (half_even_count: fewer operations; Cast's output-flush loops test
+# only the top subnormal interval). It replaced the float route (|x|
 # scaled to subnormal ulps and the fraction compared, or split at 2**31 for the stochastic
 # carry's signed conversion: up to 8 float operations a vector, which Zen 3 issues on two
 # of its four vector pipes) where a loop serves a format's subnormal and normal lanes
