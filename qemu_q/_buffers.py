@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from ._coerce import plain_array
 from ._dtypes import ElementType, array_element_type, element_type
 from ._pack import normalize_shape, raw_bytes
 
@@ -48,6 +49,7 @@ def prepare_output(out, shape, etype: ElementType, inputs) -> np.ndarray:
         return np.empty(shape, dtype=etype.dtype)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    out = plain_array(out, "out")
     if out.dtype != etype.dtype:
         raise TypeError(f"out has dtype {out.dtype}; this call produces {etype.dtype} ({etype.name})")
     if out.shape != tuple(shape):
@@ -61,6 +63,7 @@ def prepare_packed_output(out, size: int, etype: ElementType, inputs) -> np.ndar
         return np.empty(size, dtype=np.uint8)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    out = plain_array(out, "out")
     if out.dtype != np.uint8 or out.shape != (size,):
         raise ValueError(
             f"with packed=True, out must be a uint8 array of shape ({size},) (the raw_data "

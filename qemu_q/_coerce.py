@@ -16,9 +16,22 @@ from ._dtypes import ElementType, element_type
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+def plain_array(array: np.ndarray, argument: str) -> np.ndarray:
+    """An ndarray as a base-class ndarray over the same memory: a subclass's own reshape
+    and indexing rules (np.matrix stays 2-D through reshape(-1)) must not reach the
+    kernels; np.memmap and the like become a view, never a copy. A masked array is
+    refused: its mask would be ignored."""
+    if type(array) is np.ndarray:
+        return array
+    if isinstance(array, np.ma.MaskedArray):
+        raise TypeError(f"{argument} is a numpy masked array; qemu_q would ignore its mask: pass "
+                        f"{argument}.filled(value) or {argument}.data")
+    return np.asarray(array)
+
+
 def as_array(value, argument: str) -> np.ndarray:
     if isinstance(value, np.ndarray):
-        return value
+        return plain_array(value, argument)
     if isinstance(value, np.generic):
         return np.asarray(value)
     raise TypeError(

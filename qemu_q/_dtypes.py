@@ -162,7 +162,8 @@ def element_type(spec: TypeSpec, argument: str = "dtype") -> ElementType:
     """Resolve an ONNX TensorProto int, a name, a numpy/ml_dtypes dtype or an ElementType."""
     if isinstance(spec, ElementType):
         return spec
-    if isinstance(spec, (bool, np.bool_)):
+    # (np.dtype(None) is float64: None is no type here)
+    if spec is None or isinstance(spec, (bool, np.bool_)):
         raise TypeError(f"{argument}={spec!r}: expected an ONNX data-type int, a type name or a dtype")
     if isinstance(spec, (int, np.integer)):
         found = _BY_ONNX_ID.get(int(spec))

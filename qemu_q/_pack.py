@@ -8,6 +8,7 @@ import operator
 import numpy as np
 
 from . import _dispatch
+from ._coerce import plain_array
 from ._dtypes import array_element_type, element_type
 from ._threads import resolve_threads
 from ._typing import Shape, TypeSpec
@@ -50,6 +51,7 @@ def raw_bytes(buffer, etype, count: int, argument: str) -> np.ndarray:
             raise TypeError(f"{argument}: a memoryview numpy cannot read ({error})") from None
         data = np.ascontiguousarray(items).reshape(-1).view(np.uint8)
     elif isinstance(buffer, np.ndarray):
+        buffer = plain_array(buffer, argument)
         if buffer.dtype != np.uint8:
             raise TypeError(f"{argument} must hold uint8 bytes, got dtype {buffer.dtype}")
         data = np.ascontiguousarray(buffer).reshape(-1)
@@ -75,6 +77,7 @@ def pack(array: np.ndarray, *, out: np.ndarray | None = None, n_threads: int | N
     """
     if not isinstance(array, np.ndarray):
         raise TypeError(f"array must be a numpy array, got {type(array).__name__}")
+    array = plain_array(array, "array")
     etype = array_element_type(array, "array") if dtype is None else _family_layout(dtype, "dtype")
     if dtype is not None and array.dtype != etype.dtype:
         raise TypeError(f"array has dtype {array.dtype}; codes of {etype.name} are stored as {etype.dtype}")

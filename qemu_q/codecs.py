@@ -128,7 +128,16 @@ def minifloat_type(exponent_bits: int, mantissa_bits: int, bias: int | None = No
         raise ValueError(f"nan={nan!r}; allowed {', '.join(map(repr, NAN_CONVENTIONS))}")
     inf = _flag_argument(inf, "inf")
     negative_zero = _flag_argument(negative_zero, "negative_zero")
-    bias = _default_bias(e, nan) if bias is None else _int_argument(bias, "bias", *BIAS_RANGE)
+    if bias is None:
+        bias = _default_bias(e, nan)
+        if not BIAS_RANGE[0] <= bias <= BIAS_RANGE[1]:
+            # (e = 8 with "fnuz": its top exponent holds finite values, beyond float32 at
+            # every bias the range allows)
+            raise ValueError(f"exponent_bits={e} with nan={nan!r}: the largest value is beyond float32 at "
+                             f"every bias in {BIAS_RANGE[0]}..{BIAS_RANGE[1]} (the convention's default "
+                             f"bias is {bias}); fewer exponent bits, or another NaN convention, fit")
+    else:
+        bias = _int_argument(bias, "bias", *BIAS_RANGE)
     if inf and nan not in ("ieee", "fnuz"):
         raise ValueError(f"inf=True with nan={nan!r}: only 'ieee' (the all-ones exponent) and "
                          "'fnuz' (the all-ones magnitudes, P3109) have codes for inf")
@@ -144,8 +153,13 @@ def minifloat_type(exponent_bits: int, mantissa_bits: int, bias: int | None = No
         raise ValueError(f"exponent_bits={e}, nan={nan!r}, inf={inf} leave no normal finite value")
     top = fmt.max_finite
     if top >= 2 ** 128:
+        least = bias + top.numerator.bit_length() - top.denominator.bit_length() - 127
+        if least > BIAS_RANGE[1]:
+            raise ValueError(f"exponent_bits={e} with nan={nan!r}, inf={inf}: the largest value is beyond "
+                             f"float32 at every bias in {BIAS_RANGE[0]}..{BIAS_RANGE[1]} (it needs bias >= "
+                             f"{least}); fewer exponent bits, or another NaN convention, fit")
         raise ValueError(f"bias={bias}: the largest value {float(top)!r} is beyond float32; "
-                         f"allowed bias >= {bias + top.numerator.bit_length() - top.denominator.bit_length() - 127}")
+                         f"allowed bias {least}..{BIAS_RANGE[1]}")
     width = 1 + e + m
     name = f"float{width}e{e}m{m}b{bias}_{nan}{'_inf' if inf else ''}"
     storage = np.dtype(np.uint8 if width <= 8 else np.uint16)

@@ -9,9 +9,13 @@ options", defines each option exactly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields as _dataclass_fields, replace
 
 import numpy as np
+
+from ._coerce import plain_array
+from ._opspec import OP_VERSIONS, get_spec
 
 ROUNDINGS = ("half_even", "half_away", "half_up", "half_down", "toward_zero", "down", "up",
              "to_odd", "stochastic")
@@ -66,17 +70,28 @@ def _freeze_by_version(entries) -> tuple:
         if first > last:
             raise ValueError(f"Datapath: by_version versions {first}..{last}; first_version "
                              "must not exceed last_version")
-        pairs = overrides.items() if isinstance(overrides, dict) else overrides
-        try:
-            pairs = tuple((name, value) for name, value in pairs)
-        except (TypeError, ValueError):
-            raise ValueError(f"Datapath: by_version overrides {overrides!r}; allowed a mapping "
-                             "of Datapath fields") from None
+        if isinstance(overrides, Mapping):
+            pairs = tuple(overrides.items())
+        elif isinstance(overrides, (tuple, list)) and all(
+                isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in overrides):
+            pairs = tuple(tuple(pair) for pair in overrides)
+        else:
+            raise ValueError(f"Datapath: by_version overrides {overrides!r}; allowed a mapping of "
+                             "Datapath fields to values, or a sequence of (field, value) pairs")
         names = [f.name for f in _dataclass_fields(Datapath) if f.name != "by_version"]
+        seen = set()
         for name, _ in pairs:
-            if name not in names:
+            if not isinstance(name, str) or name not in names:
                 raise ValueError(f"Datapath: by_version field {name!r}; allowed {', '.join(names)}")
-        Datapath(**dict(pairs))  # each value checked by the field's own rule
+            if name in seen:
+                raise ValueError(f"Datapath: by_version entry {entry!r} gives the field {name!r} twice")
+            seen.add(name)
+        if not any(first <= version <= last for version in OP_VERSIONS[op_type]):
+            raise ValueError(f"Datapath: by_version versions {first}..{last} hold no version of {op_type} "
+                             f"(its versions: {', '.join(map(str, OP_VERSIONS[op_type]))}): the entry "
+                             "would never apply")
+        # (sorted: the same fields in another order are the same datapath; the values are
+        # checked with the datapath's own fields, Datapath._check_by_version)
         frozen.append((op_type, first, last, tuple(sorted(pairs))))
     return tuple(frozen)
 
@@ -115,7 +130,10 @@ class Datapath:
         version (its since-version at the call's opset) lies in [first, last], those fields
         replace the datapath's own (a peer that divides float16 in float32 at
         QuantizeLinear-19/21 only, qemu_q.profiles). Entries apply in order; lists and
-        dicts (as JSON gives them) are accepted and frozen. `for_op` resolves them.
+        mappings (as JSON gives them) are accepted and frozen. `for_op` resolves them.
+        Refused when the Datapath is made: a field given twice in one entry, a range that
+        holds no version of its op, and fields that do not hold together (with the
+        datapath's own and the other entries') at one of the op's versions.
     accumulator: the integer ops' accumulator, as their `accumulator=` takes it: "int32"
         (ONNX: wrap modulo 2^32), "x86-u8s8-pairs", "int<N>" / "int<N>-saturate" (N 8..32).
         QuantizeLinear and DequantizeLinear accumulate nothing and ignore it.
@@ -148,7 +166,6 @@ class Datapath:
         _check("subnormals", self.subnormals, SUBNORMALS)
         _check("requantization", self.requantization, REQUANTIZATIONS)
         _check("float8_encoder", self.float8_encoder, FLOAT8_ENCODERS)
-        object.__setattr__(self, "by_version", _freeze_by_version(self.by_version))
         if self.accumulator != "int32":  # (the default needs no parsing: ONNX is built at import)
             from .ops._datapath import parse_accumulator
 
@@ -161,20 +178,35 @@ class Datapath:
                 f"Datapath: scale='reciprocal' with scale_precision={self.scale_precision!r}; "
                 "it needs an explicit 'float32' or 'float64': the precision of the reciprocal "
                 "and of the product")
+        object.__setattr__(self, "by_version", _freeze_by_version(self.by_version))
+        self._check_by_version()
+
+    def _check_by_version(self) -> None:
+        # Every datapath an op resolves at one of its versions is built here, so that a
+        # field's value, and its combination with the datapath's other fields and with
+        # overlapping entries, is refused when the Datapath is made, not at a call.
+        for op_type in dict.fromkeys(entry[0] for entry in self.by_version):
+            for version in OP_VERSIONS[op_type]:
+                try:
+                    self._at_version(op_type, version)
+                except ValueError as error:
+                    message = str(error).removeprefix("Datapath: ")
+                    raise ValueError(f"Datapath: by_version, as {op_type}-{version} resolves it: "
+                                     f"{message}") from None
+
+    def _at_version(self, op_type: str, version: int) -> "Datapath":
+        fields = {}
+        for entry_op, first, last, overrides in self.by_version:
+            if entry_op == op_type and first <= version <= last:
+                fields.update(overrides)
+        return replace(self, by_version=(), **fields)
 
     def for_op(self, op_type: str, opset: int | None) -> "Datapath":
         """The datapath `op_type` runs with at `opset`: the matching by_version entries
         applied (docs/semantics.md, "Datapath options"); itself when it has none."""
         if not self.by_version:
             return self
-        from ._opspec import get_spec
-
-        version = get_spec(op_type, opset).since_version
-        fields = {}
-        for entry_op, first, last, overrides in self.by_version:
-            if entry_op == op_type and first <= version <= last:
-                fields.update(overrides)
-        return replace(self, by_version=(), **fields)
+        return self._at_version(op_type, get_spec(op_type, opset).since_version)
 
     @property
     def is_onnx(self) -> bool:
@@ -322,10 +354,12 @@ def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name:
     if random_bits is None:
         raise ValueError(f"datapath.rounding='stochastic' needs random_bits=, a uint32 array of "
                          f"{input_name}'s shape")
-    if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
-        raise TypeError(
-            f"random_bits must be a numpy uint32 array, got "
-            f"{getattr(random_bits, 'dtype', type(random_bits).__name__)}")
+    if not isinstance(random_bits, np.ndarray):
+        raise TypeError(f"random_bits must be a numpy uint32 array of {input_name}'s shape, got "
+                        f"{type(random_bits).__name__} {random_bits!r}"[:300])
+    random_bits = plain_array(random_bits, "random_bits")
+    if random_bits.dtype != np.uint32:
+        raise TypeError(f"random_bits must be a numpy uint32 array, got an array of dtype {random_bits.dtype}")
     if random_bits.shape != tuple(shape):
         raise ValueError(f"random_bits has shape {random_bits.shape}; {input_name} has shape "
                          f"{tuple(shape)} (one word per element)")

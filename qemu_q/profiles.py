@@ -226,16 +226,31 @@ PROFILES = {
 
 
 def onnxruntime_cpu_for(cpu_flags) -> Datapath:
-    """The onnxruntime profile of a CPU with these /proc/cpuinfo flags: VNNI (avx_vnni,
+    """The onnxruntime profile of a CPU with these /proc/cpuinfo flags (an iterable of flag
+    names, or the flags line itself, names separated by whitespace): VNNI (avx_vnni,
     avx512_vnni) accumulates exactly, AVX2 without it in saturating pairs."""
-    flags = set(cpu_flags)
+    if isinstance(cpu_flags, str):
+        cpu_flags = cpu_flags.split()
+    try:
+        flags = set(cpu_flags)
+    except TypeError:
+        raise TypeError(f"cpu_flags must be an iterable of flag names or a flags line, got "
+                        f"{type(cpu_flags).__name__} {cpu_flags!r}") from None
+    if not all(isinstance(flag, str) for flag in flags):
+        raise TypeError(f"cpu_flags must hold flag names (str), got {sorted(map(repr, flags))}")
     if flags & {"avx_vnni", "avx512_vnni", "avx512vnni"} or "avx2" not in flags:
         return onnxruntime_cpu
     return onnxruntime_cpu_avx2
 
 
 def as_json(datapath: Datapath) -> str:
-    """The datapath as the JSON object `qemu-q golden --datapath FILE.json` reads."""
+    """The datapath (a Datapath, or a Profile's) as the JSON object `qemu-q golden
+    --datapath FILE.json` reads."""
+    if isinstance(datapath, Profile):
+        datapath = datapath.datapath
+    if not isinstance(datapath, Datapath):
+        raise TypeError(f"datapath must be a qemu_q.Datapath or a qemu_q.profiles.Profile, got "
+                        f"{type(datapath).__name__} {datapath!r}")
     return json.dumps(dataclasses.asdict(datapath), indent=1) + "\n"
 
 

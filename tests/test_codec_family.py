@@ -278,6 +278,14 @@ def test_family_types_are_immutable_hashable_and_named():
     (lambda: minifloat_type(4, 3, nan="quiet"), "nan='quiet'; allowed 'ieee', 'fn', 'fnuz', 'none'"),
     (lambda: minifloat_type(4, 3, bias=200), "bias=200; allowed 0..127"),
     (lambda: minifloat_type(8, 3, bias=100), "bias=100: the largest value"),
+    (lambda: minifloat_type(8, 3, bias=100), "allowed bias 127..127"),
+    # e = 8 without the IEEE all-ones exponent for inf/NaN: finite values up there, beyond
+    # float32 at every bias (fnuz's default bias, 128, is outside the range itself)
+    (lambda: minifloat_type(8, 3, nan="fn"), "exponent_bits=8 with nan='fn', inf=False: the largest "
+                                             "value is beyond float32 at every bias in 0..127"),
+    (lambda: minifloat_type(8, 2, nan="none"), "beyond float32 at every bias in 0..127"),
+    (lambda: minifloat_type(8, 3, nan="fnuz", negative_zero=False),
+     "exponent_bits=8 with nan='fnuz': the largest value is beyond float32 at every bias"),
     (lambda: minifloat_type(4, 3, inf=True, nan="fn"), "inf=True with nan='fn'"),
     (lambda: minifloat_type(4, 3, nan="fnuz"), "negative_zero=True with nan='fnuz'"),
     (lambda: minifloat_type(4, 3, negative_zero=False), "negative_zero=False with nan='ieee'"),

@@ -67,6 +67,12 @@ def test_conv_geometry_errors():
         qemu_q.conv_integer(x, w, strides=[0, 1])
     with pytest.raises(ValueError, match="no output"):
         qemu_q.conv_integer(x, np.zeros((2, 4, 7, 7), U8))
+    # a geometry beyond what numpy can index is the attributes' error, named
+    with pytest.raises(ValueError, match=r"pads \[1099511627776, 1099511627776\] \+ .* make the padded x "
+                                         r"\d+ elements; at most \d+ can be indexed"):
+        qemu_q.conv_integer(x, w, pads=[2**40] * 4)
+    with pytest.raises(ValueError, match=r"auto_pad=.SAME_UPPER.*dilations \[1099511627776, 1099511627776\] make"):
+        qemu_q.conv_integer(x, w, auto_pad="SAME_UPPER", dilations=[2**40] * 2)
     with pytest.raises(ValueError, match=r"w_zero_point has shape \(3,\)"):
         qemu_q.conv_integer(x, w, None, np.zeros(3, U8))
     with pytest.raises(ValueError, match=r"B has shape \(3,\)"):

@@ -3,9 +3,11 @@ where the peer runs, except its listed remainder (docs/divergences.md, "Peer pro
 every remainder entry still differs. The peers' outputs are the session's
 `golden_peer_runs` (tests/conftest.py), shared with tests/test_golden.py."""
 
+import collections
 import dataclasses
 import pathlib
 import re
+import types
 from collections import defaultdict
 from fractions import Fraction
 
@@ -90,6 +92,13 @@ def test_onnxruntime_profile_by_cpu():
     assert profiles.onnxruntime_cpu_for({"avx2", "avx512_vnni"}) is profiles.onnxruntime_cpu
     assert profiles.onnxruntime_cpu_for({"avx2", "avx_vnni"}) is profiles.onnxruntime_cpu
     assert profiles.onnxruntime_cpu_for(set()) is profiles.onnxruntime_cpu
+    # a /proc/cpuinfo flags line is its names, not its characters
+    assert profiles.onnxruntime_cpu_for("fpu sse2 avx2 fma") is profiles.onnxruntime_cpu_avx2
+    assert profiles.onnxruntime_cpu_for("avx2 avx512_vnni") is profiles.onnxruntime_cpu
+    for bad, match in ((None, "cpu_flags must be an iterable"), (3, "cpu_flags must be an iterable"),
+                       ({"avx2", 3}, "cpu_flags must hold flag names")):
+        with pytest.raises(TypeError, match=re.escape(match)):
+            profiles.onnxruntime_cpu_for(bad)
 
 
 @pytest.mark.parametrize("name", sorted(profiles.PROFILES))
@@ -110,6 +119,15 @@ def test_as_json_is_what_golden_reads(name):
     datapath = profiles.PROFILES[name].datapath
     assert datapaths.parse_datapath(__import__("json").loads(profiles.as_json(datapath))) \
         == datapath
+    # a Profile stands for its datapath
+    assert profiles.as_json(profiles.PROFILES[name]) == profiles.as_json(datapath)
+
+
+def test_as_json_refuses_what_is_no_datapath():
+    for bad in ("x", None, {"rounding": "up"}):
+        with pytest.raises(TypeError, match=re.escape("datapath must be a qemu_q.Datapath or a "
+                                                      "qemu_q.profiles.Profile")):
+            profiles.as_json(bad)
 
 
 def test_profiles_section_documents_every_profile():
@@ -469,10 +487,46 @@ def test_by_version_is_validated_and_frozen():
             ([["QuantizeLinear", True, 2, {}]], "first_version=True"),
             ([["QuantizeLinear", 1, 2, {"bogus": "x"}]], "field 'bogus'"),
             ([["QuantizeLinear", 1, 2, {"by_version": ()}]], "field 'by_version'"),
-            ([["QuantizeLinear", 1, 2, {"rounding": "nearest"}]], "rounding='nearest'"),
-            ([["QuantizeLinear", 1, 2]], "entry")]:
+            ([["QuantizeLinear", 1, 10, {"rounding": "nearest"}]], "rounding='nearest'"),
+            ([["QuantizeLinear", 1, 2]], "entry"),
+            # a field twice: no order of the pairs would say which holds
+            ([["QuantizeLinear", 10, 28, [("rounding", "up"), ("rounding", "down")]]],
+             "gives the field 'rounding' twice"),
+            ([["QuantizeLinear", 10, 28, ["ab"]]], "allowed a mapping of Datapath fields"),
+            # QuantizeLinear's versions are 19 and 21, none in between
+            ([["QuantizeLinear", 20, 20, {"rounding": "up"}]], "versions 20..20 hold no version"),
+            ([["QuantizeLinear", 1, 2, {}]], "versions 1..2 hold no version")]:
         with pytest.raises(ValueError, match=re.escape(match)):
             Datapath(by_version=bad)
+
+
+def test_by_version_takes_any_mapping():
+    for overrides in (types.MappingProxyType({"rounding": "up"}), collections.UserDict(rounding="up"),
+                      collections.ChainMap({"rounding": "up"}), [("rounding", "up")]):
+        datapath = Datapath(by_version=[("QuantizeLinear", 19, 21, overrides)])
+        assert datapath.by_version == (("QuantizeLinear", 19, 21, (("rounding", "up"),)),)
+        assert datapath.for_op("QuantizeLinear", 21).rounding == "up"
+    # a two-letter field name is a name, not a (field, value) pair
+    with pytest.raises(ValueError, match=re.escape("by_version field 'up'")):
+        Datapath(by_version=[("QuantizeLinear", 19, 21, types.MappingProxyType({"up": "x"}))])
+
+
+def test_by_version_is_checked_with_the_datapath_it_overrides():
+    """An entry's fields hold together with the datapath's own at every version it
+    applies to: valid combinations are accepted whichever side gives which field, invalid
+    ones are refused when the Datapath is made, naming the version."""
+    split = Datapath(scale_precision="float32",
+                     by_version=[("QuantizeLinear", 19, 21, {"scale": "reciprocal"})])
+    assert split.for_op("QuantizeLinear", 19) == Datapath(scale="reciprocal", scale_precision="float32")
+    assert split.for_op("QuantizeLinear", 23) == Datapath(scale_precision="float32")
+    with pytest.raises(ValueError, match=re.escape("by_version, as QuantizeLinear-19 resolves it: "
+                                                   "scale='reciprocal' with scale_precision=None")):
+        Datapath(scale="reciprocal", scale_precision="float32",
+                 by_version=[("QuantizeLinear", 19, 21, {"scale_precision": None})])
+    # overlapping entries combine, in order, before the check
+    with pytest.raises(ValueError, match=re.escape("as QuantizeLinear-21 resolves it")):
+        Datapath(by_version=[("QuantizeLinear", 19, 28, {"scale": "reciprocal"}),
+                             ("QuantizeLinear", 10, 19, {"scale_precision": "float64"})])
 
 
 def test_by_version_resolves_at_the_op_version():

@@ -346,6 +346,22 @@ def test_quantize_multiplier_bad_arguments(value, scheme, error, pattern):
         qemu_q.quantize_multiplier(value, scheme)
 
 
+def test_quantize_multiplier_takes_only_float64_values_of_a_longdouble():
+    """A longdouble scale is not rounded to float64 silently. Where longdouble is float64
+    itself (MSVC, Apple arm64) every longdouble is a float64 value, and 1/10 is accepted."""
+    tenth = np.longdouble(1) / np.longdouble(10)
+    assert qemu_q.quantize_multiplier(np.longdouble(0.375), "gemmlowp") == \
+        qemu_q.quantize_multiplier(0.375, "gemmlowp")
+    assert [a.tolist() for a in qemu_q.quantize_multiplier(np.array([0.375, 0.1], np.longdouble), "gemmlowp")] \
+        == [a.tolist() for a in qemu_q.quantize_multiplier(np.array([0.375, 0.1]), "gemmlowp")]
+    if np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant:
+        for value in (tenth, np.array([0.5, tenth], np.longdouble)):
+            with pytest.raises(ValueError, match="which is not a float64 value"):
+                qemu_q.quantize_multiplier(value, "gemmlowp")
+    else:
+        assert qemu_q.quantize_multiplier(tenth, "gemmlowp") == qemu_q.quantize_multiplier(0.1, "gemmlowp")
+
+
 def test_hostile_calls_raise_clear_errors_or_give_the_oracle():
     """Random mixes of valid and invalid arguments: every call returns the oracle's bits or
     raises TypeError/ValueError (never another exception, never a modified input)."""

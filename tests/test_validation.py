@@ -377,6 +377,92 @@ def test_out_overlapping_scale():
         ql(np.zeros(6, F32), scale[:1].reshape(()), out=out)
 
 
+STOCHASTIC = qemu_q.Datapath(rounding="stochastic")
+
+
+def _words_and_overlapping_out(dtype):
+    # random words and an out= over the last bytes of the same buffer
+    words = np.arange(1, 33, dtype=np.uint32).reshape(4, 8) * np.uint32(0x9E3779B9)
+    size = np.dtype(dtype).itemsize * 32
+    return words, words.view(np.uint8).reshape(-1)[128 - size:].view(dtype).reshape(4, 8)
+
+
+@pytest.mark.parametrize("call, out_dtype", [
+    (lambda x, words, out: ql(x, np.float32(0.3), np.int8(0), datapath=STOCHASTIC, random_bits=words, out=out),
+     np.int8),
+    (lambda x, words, out: qemu_q.cast(x, "float8e4m3fn", datapath=STOCHASTIC, random_bits=words, out=out),
+     ml_dtypes.float8_e4m3fn),
+    (lambda x, words, out: dql(np.arange(32, dtype=np.int8).reshape(4, 8), np.float16(0.3),
+                               datapath=STOCHASTIC, random_bits=words, out=out), np.float16),
+    (lambda x, words, out: qemu_q.mx_quantize(x, "int8", datapath=STOCHASTIC, random_bits=words,
+                                              out=(out, np.empty((4, 1), ml_dtypes.float8_e8m0fnu))), np.int8),
+    (lambda x, words, out: qemu_q.nvfp4_quantize(x, datapath=STOCHASTIC, random_bits=words,
+                                                 out=(out, np.empty((4, 1), ml_dtypes.float8_e4m3fn))),
+     ml_dtypes.float4_e2m1fn),
+])
+def test_out_overlapping_random_bits(call, out_dtype):
+    """The kernels read each word after writing earlier outputs: an out= over the words
+    would feed outputs back in as random bits."""
+    x = (np.arange(32, dtype=F32).reshape(4, 8) - 16) / F32(7)
+    words, out = _words_and_overlapping_out(out_dtype)
+    before = words.copy()
+    with pytest.raises(ValueError, match=r"overlaps random_bits"):
+        call(x, words, out)
+    assert words.tolist() == before.tolist()
+
+
+def test_out_overlapping_random_bits_integer_ops():
+    a = np.arange(16, dtype=np.uint8).reshape(4, 4)
+    words, out = _words_and_overlapping_out(np.uint8)
+    with pytest.raises(ValueError, match=r"out overlaps random_bits"):
+        qemu_q.qlinear_matmul(a, np.float32(0.1), np.uint8(0), np.ones((4, 8), np.uint8), np.float32(0.1),
+                              np.uint8(0), np.float32(0.2), np.uint8(0), datapath=STOCHASTIC,
+                              random_bits=words, out=out)
+
+
+def test_random_bits_must_be_an_array():
+    with pytest.raises(TypeError, match=r"random_bits must be a numpy uint32 array of x's shape, got "
+                                        r"uint32 np.uint32\(7\)"):
+        ql(np.zeros((), F32), one(), datapath=STOCHASTIC, random_bits=np.uint32(7))
+    with pytest.raises(TypeError, match=r"random_bits must be a numpy uint32 array, got an array of dtype int32"):
+        ql(np.zeros(3, F32), one(), datapath=STOCHASTIC, random_bits=np.zeros(3, np.int32))
+
+
+def test_no_type_is_none():
+    """np.dtype(None) is float64: None names no type, wherever a type is asked for."""
+    for call, name in ((lambda: qemu_q.cast(np.float32(1.5), None), "to"),
+                       (lambda: qemu_q.requantize(np.int32([5]), 1 << 30, 3, scheme="gemmlowp",
+                                                  output_dtype=None), "output_dtype"),
+                       (lambda: qemu_q.mx_quantize(np.ones(32, F32), None), "element")):
+        with pytest.raises(TypeError, match=rf"{name}=None: expected an ONNX data-type int"):
+            call()
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_ndarray_subclasses():
+    """np.matrix stays 2-D through reshape(-1): the ops read it, and any other subclass
+    (np.memmap), as the plain array over its memory; a masked array is refused (its mask
+    would be ignored)."""
+    x = (np.arange(12, dtype=F32).reshape(3, 4) - 6) / F32(3)
+    want = ql(x, np.float32(0.1), np.int8(0)).view(np.uint8).tolist()
+    assert ql(np.matrix(x), np.float32(0.1), np.int8(0)).view(np.uint8).tolist() == want
+    out = np.matrix(np.zeros((3, 4), np.int8))
+    assert np.asarray(ql(x, np.float32(0.1), np.int8(0), out=out)).view(np.uint8).tolist() == want
+    assert np.asarray(out).view(np.uint8).tolist() == want
+    words = np.arange(12, dtype=np.uint32).reshape(3, 4) << np.uint32(28)
+    got = ql(x, np.float32(0.1), np.int8(0), datapath=STOCHASTIC, random_bits=np.matrix(words))
+    assert got.tolist() == ql(x, np.float32(0.1), np.int8(0), datapath=STOCHASTIC, random_bits=words).tolist()
+    codes = ql(x, np.float32(0.1), np.int8(0))
+    assert dql(np.matrix(codes), np.float32(0.1)).tolist() == dql(codes, np.float32(0.1)).tolist()
+    assert qemu_q.cast(np.matrix(x), "float16").tolist() == qemu_q.cast(x, "float16").tolist()
+    for argument, call in (("x", lambda m: ql(m, np.float32(0.1))),
+                           ("random_bits", lambda m: ql(x, np.float32(0.1), datapath=STOCHASTIC,
+                                                        random_bits=np.ma.masked_array(words))),
+                           ("array", lambda m: qemu_q.pack(m.astype(np.int8)))):
+        with pytest.raises(TypeError, match=rf"{argument} is a numpy masked array"):
+            call(np.ma.masked_array(x, mask=x > 0))
+
+
 # --- n_threads ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n_threads", [0, -1, 1025, 2**31, 2**64])

@@ -211,7 +211,7 @@ def _run(op_type: str, x, to: ElementType, saturate, round_mode, opset, out, n_t
         _dispatch.FAST_KERNELS, datapath,
     ))
     n_threads = resolve_threads(n_threads, x.size)
-    result = prepare_output(out, x.shape, plan.out_type, [("input", x)])
+    result = prepare_output(out, x.shape, plan.out_type, [("input", x), ("random_bits", random_bits)])
     if x.size == 0:
         return result
     # The identity shortcut is ONNX's; a datapath may flush or canonicalize the same type.

@@ -5,6 +5,7 @@ bias in the accumulator, and QLinearConv's requantization rules."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,6 +119,17 @@ def _plan(op_type, opset, x_sig, w_sig, x_zp_sig, w_zp_sig, auto_pad, dilations,
         begin.append(b)
         end.append(e)
         out_spatial.append(out)
+    # The padded x (int16 values) and the int32 accumulators are allocated: numpy indexes
+    # at most intp-max bytes, and a geometry beyond it is an error in the attributes, not
+    # numpy's "array is too big".
+    limit = np.iinfo(np.intp).max // 8
+    padded = batch * channels * math.prod(s + b + e for s, b, e in zip(spatial, begin, end))
+    outputs = batch * out_channels * math.prod(out_spatial)
+    for what, count in (("the padded x", padded), ("the output", outputs)):
+        if count > limit:
+            raise ValueError(f"{where}: auto_pad={auto_pad!r}, pads {begin} + {end}, strides "
+                             f"{list(strides_t)} and dilations {list(dilations_t)} make {what} "
+                             f"{count} elements; at most {limit} can be indexed")
     for name, sig, etype, per_channel_ok in (("x_zero_point", x_zp_sig, x_type, False),
                                              ("w_zero_point", w_zp_sig, w_type, True)):
         if sig is None:
@@ -174,6 +186,17 @@ def _pad(values: np.ndarray, plan: ConvPlan, fill) -> np.ndarray:
 
 def _accumulate(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray:
     """int32 accumulators [N, M, L] (L the output positions), bias included."""
+    try:
+        return _accumulate_values(plan, x, w, x_zp, w_zp, bias, n_threads)
+    except MemoryError as error:
+        # numpy's message names a shape; the caller needs the attributes that made it
+        raise MemoryError(
+            f"{plan.where}: the padded x (pads {list(plan.pads_begin)} + {list(plan.pads_end)}) and "
+            f"the output (spatial {list(plan.out_spatial)}, dilations {list(plan.dilations)}) do not "
+            f"fit in memory: {error}") from None
+
+
+def _accumulate_values(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.ndarray:
     rank = len(plan.kernel)
     groups, m_g = plan.group, plan.out_channels // plan.group
     c_g = plan.channels // groups
@@ -369,7 +392,7 @@ def qlinear_conv(x: Array, x_scale: Array, x_zero_point: Array, w: Array, w_scal
     y = dp.requantize(dp.flatten_leading(acc, positions), row_scale, col_scale,
                       y_scale_value, y_zero_point, y_type, scale_type,
                       rule, opset, n_threads, output, words)
-    return _finish(plan, y, y_type, out, named + [("B", B)])
+    return _finish(plan, y, y_type, out, named + [("B", B), ("random_bits", random_bits)])
 
 
 def _conv_attributes(attributes) -> dict:

@@ -258,7 +258,8 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
     n_threads = resolve_threads(n_threads, size)
     # The output is checked before anything is converted or allocated.
     y = prepare_output(out, x_spec[1], out_type,
-                       [("x", codes if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point)])
+                       [("x", codes if raw is None else raw), ("x_scale", scale), ("x_zero_point", zero_point),
+                        ("random_bits", random_bits)])
     if size == 0:
         return y
     if family is not None:

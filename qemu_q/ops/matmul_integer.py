@@ -255,7 +255,8 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     words = check_random_bits(random_bits, datapath_resolved, plan.out_shape, "y")
     items = int(np.prod(plan.batch, dtype=np.int64))
     if items == 0 or m == 0 or n == 0:
-        return _finish(plan, np.zeros(plan.batch + (m, n), dtype=y_type.dtype), out, named)
+        return _finish(plan, np.zeros(plan.batch + (m, n), dtype=y_type.dtype), out,
+                       named + [("random_bits", random_bits)])
     if plan.a_type.kind == "small_float" or plan.b_type.kind == "small_float":
         a_vals = _float_values(a3, plan.a_type, a_zero_point, plan.a_zp_shape)
         b_vals = _float_values(b3, plan.b_type, b_zero_point, plan.b_zp_shape)
@@ -278,7 +279,7 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
                               y_scale_value, y_zero_point, y_type, scale_type, rule, opset, n_threads,
                               output, None if words is None else words[i * m * n:(i + 1) * m * n])
                 for i in range(items)])
-    return _finish(plan, y, out, named)
+    return _finish(plan, y, out, named + [("random_bits", random_bits)])
 
 
 def _float_values(operand, etype: ElementType, zero_point, zp_shape) -> np.ndarray:

@@ -203,6 +203,7 @@ def _prepare(out_array, shape, dtype, what: str, inputs) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
     if not isinstance(out_array, np.ndarray):
         raise TypeError(f"out: the {what} must be a numpy array, got {type(out_array).__name__}")
+    out_array = _coerce.plain_array(out_array, f"out ({what})")
     if out_array.dtype != dtype or out_array.shape != tuple(shape):
         raise ValueError(f"out: the {what} must have dtype {np.dtype(dtype)} and shape {tuple(shape)}; "
                          f"got {out_array.dtype} and {out_array.shape}")
@@ -248,12 +249,13 @@ def mx_quantize(x: Array, element: TypeSpec, *, axis: int = -1, block_size: int 
     if out is not None and (not isinstance(out, tuple) or len(out) != 2):
         raise TypeError(f"out must be a tuple (codes, scales) of numpy arrays, got {type(out).__name__}")
     codes_out, scales_out = out if out is not None else (None, None)
+    inputs = [("x", x), ("random_bits", random_bits)]
     if packed:
-        codes = _prepare(codes_out, (packed_size(e.etype, x.size),), np.uint8, "codes", [("x", x)])
+        codes = _prepare(codes_out, (packed_size(e.etype, x.size),), np.uint8, "codes", inputs)
     else:
-        codes = _prepare(codes_out, x.shape, e.etype.dtype, "codes", [("x", x)])
+        codes = _prepare(codes_out, x.shape, e.etype.dtype, "codes", inputs)
     scales = _prepare(scales_out, plan.scale_shape, ml_dtypes.float8_e8m0fnu, "scales",
-                      [("x", x), ("codes", codes)])
+                      inputs + [("codes", codes)])
     if x.size == 0:
         return codes, scales
     n_threads = resolve_threads(n_threads, x.size)

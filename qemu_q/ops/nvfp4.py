@@ -163,7 +163,8 @@ def _input(x) -> np.ndarray:
     return x
 
 
-def _outputs(out, shape, s_shape, packed: bool, x: np.ndarray):
+def _outputs(out, shape, s_shape, packed: bool, inputs):
+    # inputs: (name, array) pairs the outputs must not overlap
     if out is None:
         return None, None
     if not isinstance(out, tuple) or len(out) != 2:
@@ -173,11 +174,13 @@ def _outputs(out, shape, s_shape, packed: bool, x: np.ndarray):
         want_codes = ((math.prod(shape) + 1) // 2,), np.dtype(np.uint8), "uint8 (packed=True)"
     else:
         want_codes = tuple(shape), _FLOAT4.dtype, "float4_e2m1fn"
+    checked = []
     for name, array, (want_shape, want_dtype, what) in (
             ("out[0] (codes)", codes, want_codes),
             ("out[1] (block_scales)", scales, (tuple(s_shape), _E4M3.dtype, "float8_e4m3fn"))):
         if not isinstance(array, np.ndarray):
             raise TypeError(f"{name} must be a numpy array, got {type(array).__name__}")
+        array = _coerce.plain_array(array, name)
         if array.dtype != want_dtype:
             raise TypeError(f"{name} has dtype {array.dtype}; this call writes {what}")
         if array.shape != want_shape:
@@ -186,8 +189,11 @@ def _outputs(out, shape, s_shape, packed: bool, x: np.ndarray):
             raise ValueError(f"{name} must be C-contiguous")
         if not array.flags.writeable:
             raise ValueError(f"{name} is read-only")
-        if np.may_share_memory(array, x):
-            raise ValueError(f"{name} overlaps x; the kernel does not work in place")
+        for input_name, input_array in inputs:
+            if input_array is not None and np.may_share_memory(array, input_array):
+                raise ValueError(f"{name} overlaps {input_name}; the kernel does not work in place")
+        checked.append(array)
+    codes, scales = checked
     if np.may_share_memory(codes, scales):
         raise ValueError("out[0] and out[1] overlap")
     return codes, scales
@@ -229,7 +235,7 @@ def nvfp4_quantize(x: Array, *, recipe: str = "transformer_engine", axis: int = 
     shape_ = _block_shape(block_shape, x.ndim)
     packed = _coerce.flag(packed, "packed")
     s_shape = scales_shape(x.shape, axis_)
-    codes_out, scales_out = _outputs(out, x.shape, s_shape, packed, x)
+    codes_out, scales_out = _outputs(out, x.shape, s_shape, packed, [("x", x), ("random_bits", random_bits)])
     x32 = x if x.dtype == np.float32 else x.astype(np.float32)
     # datapath subnormals="flush_inputs"/"flush_both": x below its type's smallest normal is
     # read as a zero of its sign, by the tensor amax, the block amax and the element alike

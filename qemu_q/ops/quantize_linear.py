@@ -287,7 +287,7 @@ def quantize_linear(x: Array, y_scale: Array, y_zero_point: Array | None = None,
     extra = {} if bits is None else {"random_bits": bits}
     n_threads = resolve_threads(n_threads, x.size)
     # The output is checked before anything is converted or allocated.
-    inputs = [("x", x), ("y_scale", scale), ("y_zero_point", zero_point)]
+    inputs = [("x", x), ("y_scale", scale), ("y_zero_point", zero_point), ("random_bits", random_bits)]
     if packed and is_family(out_type) and out_type.bits not in PACKABLE_BITS:
         raise ValueError(f"{plan.label}: packed=True with output type {out_type.name}: codes of "
                          f"{out_type.bits} bits have no ONNX raw_data layout; allowed widths "

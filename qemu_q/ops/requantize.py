@@ -272,10 +272,22 @@ def _one_multiplier(scale: float, scheme: str) -> tuple[int, int]:
     return fixed, exponent
 
 
+def _check_float64_values(given: np.ndarray, as_float64: np.ndarray) -> None:
+    # A wider float (longdouble) is not rounded to float64 behind the caller's back: the
+    # multiplier is derived from the value given, or from none.
+    if given.dtype.kind == "f" and given.dtype.itemsize > 8:
+        differs = (as_float64.astype(given.dtype) != given) & ~np.isnan(given)
+        if differs.any():
+            value = given.reshape(-1)[int(np.argmax(differs.reshape(-1)))]
+            raise ValueError(f"real_scale holds {value!r} ({given.dtype}), which is not a float64 value; "
+                             "pass the float64 scale the compiler uses (np.float64(...))")
+
+
 def quantize_multiplier(real_scale, scheme: str):
     """The (multiplier, shift) a compiler derives from a real scale for `scheme` (see
     docs/semantics.md): Python ints for a scalar, int32 arrays for an array of scales.
-    A float64 scale is used as is; float16/float32 scales are widened exactly."""
+    A float64 scale is used as is; float16/float32 scales are widened exactly; a longdouble
+    one must hold a float64 value (ValueError otherwise: no silent rounding)."""
     scheme = _scheme(scheme)
     if isinstance(real_scale, (bool, np.bool_)):
         raise TypeError(f"real_scale must be a float or a float array, got {type(real_scale).__name__}")
@@ -283,6 +295,7 @@ def quantize_multiplier(real_scale, scheme: str):
         if real_scale.dtype.kind not in "fiu":
             raise TypeError(f"real_scale must have a float dtype, got {real_scale.dtype}")
         scales = real_scale.astype(np.float64)
+        _check_float64_values(real_scale, scales)
         pairs = []
         for i, s in enumerate(scales.reshape(-1).tolist()):
             try:
@@ -297,5 +310,6 @@ def quantize_multiplier(real_scale, scheme: str):
             scale = float(real_scale)
         except OverflowError:
             raise ValueError(f"real_scale={real_scale!r} is not a finite float64") from None
+        _check_float64_values(np.asarray(real_scale), np.asarray(scale))
         return _one_multiplier(scale, scheme)
     raise TypeError(f"real_scale must be a float or a float array, got {type(real_scale).__name__} {real_scale!r}")
