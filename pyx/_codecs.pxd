@@ -1335,6 +1335,29 @@ cdef extern from *:
     float division_remainder_f32 "qemu_q_division_remainder_f32" (float x, float q, float s) noexcept nogil
 
 
+# A product whose NaN is decided by its operands' order: a NaN `a` wins over a NaN `b`
+# (quieted, its sign and payload kept), as x86's multiply returns its first source
+# operand's NaN and the division x / s returns x's. A commutative multiply alone leaves
+# the choice to the compiler, which swaps the operands where it likes (vectorized loops
+# did where scalar code did not): the sign of x * (1 / s)'s NaN for a NaN x and a NaN
+# scale, which the small floats' NaN codes carry, then hung on the element's position
+# and the instruction-set level (docs/semantics.md, "Datapath options", step 2). a + a is
+# a's quieted NaN; the select costs a compare and a blend.
+cdef extern from *:
+    """
+    QEMU_Q_ALWAYS_INLINE float qemu_q_product_nan_first_f32(float a, float b) {
+        float product = a * b;
+        return a != a ? a + a : product;
+    }
+    QEMU_Q_ALWAYS_INLINE double qemu_q_product_nan_first_f64(double a, double b) {
+        double product = a * b;
+        return a != a ? a + a : product;
+    }
+    """
+    float product_nan_first_f32 "qemu_q_product_nan_first_f32" (float a, float b) noexcept nogil
+    double product_nan_first_f64 "qemu_q_product_nan_first_f64" (double a, double b) noexcept nogil
+
+
 # The error of a float32 product, for DequantizeLinear's one-pass float32 datapath loops
 # (_dequantize_datapath_loops.pxi.tp; docs/semantics.md, "DequantizeLinear under a
 # datapath"): f = RN32(d * s) and e = d * s - f, the product's error-free transformation

@@ -12,7 +12,8 @@ from libc.stdint cimport int8_t, uint8_t, int16_t, uint16_t, int32_t, uint32_t, 
 from _codecs cimport (float_bits, bits_float, round_to_value_format, FMT_FLOAT32,
                       FMT_FLOAT16, FMT_BFLOAT16, round_magnitude, DP_HALF_EVEN, DP_STOCHASTIC,
                       DP_NAN_MIN, DP_NAN_ZERO, DP_NAN_MAX, round_to_small_float_value,
-                      small_float_format, valid_small_float_id, SmallFloatFormat, SF_COUNT)
+                      small_float_format, valid_small_float_id, SmallFloatFormat, SF_COUNT,
+                      product_nan_first_f32, product_nan_first_f64)
 from _tasks cimport run_tasks
 
 
@@ -1049,20 +1050,22 @@ cdef inline double datapath_multiplier(float sa, float sb, float sy, int mode) n
     # The datapath's multiplier, each operation one IEEE rounding in its precision:
     # divide round_P(round_P(sa * sb) / sy), reciprocal round_P(round_P(sa * sb) *
     # round_P(1 / sy)). float32 operands make C compute in float32 (SSE: FLT_EVAL_METHOD 0).
+    # A NaN operand wins over a NaN later one (sa over sb, the product over the
+    # reciprocal), as over a NaN divisor: product_nan_first.
     cdef float one32 = 1.0
     cdef float p32, r32
     cdef double p64
     if mode == MULT_F32_DIVIDE:
-        p32 = sa * sb
+        p32 = product_nan_first_f32(sa, sb)
         return p32 / sy
     if mode == MULT_F32_RECIPROCAL:
-        p32 = sa * sb
+        p32 = product_nan_first_f32(sa, sb)
         r32 = one32 / sy
-        return p32 * r32
-    p64 = <double>sa * <double>sb  # exact: two 24-bit significands
+        return product_nan_first_f32(p32, r32)
+    p64 = product_nan_first_f64(<double>sa, <double>sb)  # exact: two 24-bit significands
     if mode == MULT_F64_DIVIDE:
         return p64 / <double>sy
-    return p64 * (1.0 / <double>sy)
+    return product_nan_first_f64(p64, 1.0 / <double>sy)
 
 
 cdef inline float float8_value(const RequantizeWork* w, double v, uint32_t word) noexcept nogil:
@@ -1101,11 +1104,18 @@ cdef inline int32_t saturate_code(double r, const RequantizeWork* w) noexcept no
     return <int32_t>r
 
 
+cdef inline double ieee_value(double s, float sa, float sb, float sy) noexcept nogil:
+    # (s * sa * sb) / sy in IEEE double, for non-finite or zero scales: of two NaN
+    # operands the first wins (s's over sa's over sb's, then the division's own order),
+    # product_nan_first, not the compiler's choice of operand order.
+    return product_nan_first_f64(product_nan_first_f64(s, <double>sa), <double>sb) / <double>sy
+
+
 cdef inline int32_t exact_code(int32_t acc, float sa, float sb, float sy,
                                const RequantizeWork* w, uint32_t word) noexcept nogil:
     cdef double p, t, v, r
     if not (isfinite(sa) and isfinite(sb) and isfinite(sy)) or sy == 0.0:
-        v = (<double>acc * sa * sb) / sy
+        v = ieee_value(<double>acc, sa, sb, sy)
         return saturate_code(v if isnan(v) else v + w.zero_point, w)
     if w.rounding != DP_HALF_EVEN:
         # Rounded to odd at 53 bits, below exact_limit: any mode then rounds it to an
@@ -1133,7 +1143,7 @@ cdef inline int32_t exact_code(int32_t acc, float sa, float sb, float sy,
 
 
 cdef inline float multiplier32(float sa, float sb, float sy) noexcept nogil:
-    cdef float product = sa * sb
+    cdef float product = product_nan_first_f32(sa, sb)
     return product / sy
 
 
@@ -1144,7 +1154,7 @@ cdef inline double multiplier_in_format(float sa, float sb, float sy, int fmt) n
     cdef float product
     if fmt == FMT_FLOAT32:
         return multiplier32(sa, sb, sy)
-    product = round_to_value_format(<double>sa * <double>sb, 0.0, fmt)
+    product = round_to_value_format(product_nan_first_f64(<double>sa, <double>sb), 0.0, fmt)
     return round_to_value_format(<double>product / <double>sy, 0.0, fmt)
 
 
@@ -1294,7 +1304,7 @@ cdef void requantize_task(const void* work, Py_ssize_t task) noexcept nogil:
             if w.rule == RULE_EXACT:
                 if w.float_output:
                     if not (isfinite(sa) and isfinite(sb) and isfinite(w.y_scale)) or w.y_scale == 0.0:
-                        w.values[i] = <float>((<double>acc * sa * sb) / w.y_scale)
+                        w.values[i] = <float>ieee_value(<double>acc, sa, sb, w.y_scale)
                     else:
                         w.values[i] = float8_value(w, exact_value(acc, sa, sb, w.y_scale, 53), word)
                     continue
@@ -1467,7 +1477,7 @@ cdef inline void requantize_sum(const RequantizeWork* w, Py_ssize_t i, bint fini
             return
         if finite:
             s = round_i128(n, -shift, 53, 0)
-        v = (s * sa * sb) / w.y_scale
+        v = ieee_value(s, sa, sb, w.y_scale)
         if w.float_output:
             w.values[i] = <float>v
         else:

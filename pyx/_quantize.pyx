@@ -32,6 +32,7 @@ from _codecs cimport (
     rounded_count, half_even_count,
     select_i64, flush_subnormal_f64, double_to_float_odd_staged, double_bits,
     division_remainder_f32, quotient_rounded_to_odd, exact_even_quotient,
+    product_nan_first_f32, product_nan_first_f64,
 )
 from _subbyte cimport pack_codes
 from _memory cimport (
@@ -262,13 +263,14 @@ cdef inline double datapath_quotient(double x, double scale, const QuantizePlan*
             # one IEEE float division of float32 values: the correctly rounded quotient
             return <float>x / <float>scale
         return divide_to_value_format(x, scale, p.precision)
+    # (x's NaN over the reciprocal's, as in the division: product_nan_first)
     if p.float64_quotient:
-        return x * (1.0 / scale)
+        return product_nan_first_f64(x, 1.0 / scale)
     if p.f32_operands:
         # each float32 operation rounds its exact result once, as the definition says
-        return <float>x * (<float>1.0 / <float>scale)
+        return product_nan_first_f32(<float>x, <float>1.0 / <float>scale)
     r = divide_to_value_format(1.0, scale, FMT_FLOAT32)
-    product = x * r
+    product = product_nan_first_f64(x, r)
     if isnan(product) or isinf(product):
         return product
     return round_to_value_format(product, fma(x, r, -product), FMT_FLOAT32)

@@ -359,7 +359,7 @@ def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name:
                         f"{type(random_bits).__name__} {random_bits!r}"[:300])
     random_bits = plain_array(random_bits, "random_bits")
     if random_bits.dtype != np.uint32:
-        raise TypeError(f"random_bits must be a numpy uint32 array, got an array of dtype {random_bits.dtype}")
+        raise TypeError(f"random_bits must be a numpy uint32 array, got {random_bits.dtype}")
     if random_bits.shape != tuple(shape):
         raise ValueError(f"random_bits has shape {random_bits.shape}; {input_name} has shape "
                          f"{tuple(shape)} (one word per element)")

@@ -201,6 +201,47 @@ def test_reciprocal_differs_from_divide_at_ties():
 
 # ------------------------------------------------------------------- NaN and subnormals
 
+# The NaN codes by sign (negative, positive) from the spec's tables: Cast's "NaN -> NaN"
+# 0x7F and "-NaN -> -NaN" 0xFF for e4m3fn; zero_opposite_sign's zeros for float4e2m1.
+NAN_CODES = {("float8e4m3fn", "spec"): (0xFF, 0x7F), ("float4e2m1", "zero_opposite_sign"): (0x0, 0x8)}
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+@pytest.mark.parametrize("x_type", [np.float32, np.float16])
+@pytest.mark.parametrize("out, nan", sorted(NAN_CODES))
+def test_reciprocal_nan_x_wins_over_a_nan_scale(precision, x_type, out, nan):
+    """x * (1 / scale): a NaN x's sign over a NaN scale's, as in the division, at every
+    position of a row (vector bodies and tails), per tensor, per axis and blocked, on
+    every level and thread count. Rows: -NaN x over a +NaN scale, +NaN over -NaN, finite x
+    over a NaN scale (the scale's sign), NaN x over a finite scale."""
+    width = 67
+    x_bits = np.empty((4, width), np.uint32)
+    x_bits[0], x_bits[1] = 0xFFC00000, 0x7FC00000
+    x_bits[2] = np.arange(width, dtype=np.float32).view(np.uint32)
+    x_bits[3, ::2], x_bits[3, 1::2] = 0xFFC00000, 0x7FC00001
+    x = x_bits.view(np.float32).astype(x_type)
+    scale_bits = np.array([0x7FC00000, 0xFFC00000, 0xFFC00000, np.float32(0.5).view(np.uint32)], np.uint32)
+    scale = scale_bits.view(np.float32).astype(x_type)
+    negative, positive = NAN_CODES[(out, nan)]
+    want = np.empty((4, width), np.uint8)
+    want[0], want[1], want[2] = negative, positive, negative
+    want[3, ::2], want[3, 1::2] = negative, positive
+    dp = qemu_q.Datapath(scale="reciprocal", scale_precision=precision, nan=nan)
+    layouts = {"per axis": dict(y_scale=scale, axis=0),
+               "blocked": dict(y_scale=np.repeat(scale[:, None], 3, axis=1), axis=1, block_size=23)}
+    level = _kernels.active.level
+    try:
+        for lv, n in itertools.product(LEVELS, (1, 2)):
+            _kernels.use(lv)
+            for name, kwargs in layouts.items():
+                got = qemu_q.quantize_linear(x, output_dtype=out, datapath=dp, n_threads=n, **kwargs)
+                assert got.view(np.uint8).tolist() == want.tolist(), f"{name}, {lv}, n_threads={n}"
+            for row in range(4):
+                got = qemu_q.quantize_linear(x[row], scale[row], output_dtype=out, datapath=dp, n_threads=n)
+                assert got.view(np.uint8).tolist() == want[row].tolist(), f"per tensor, row {row}, {lv}"
+    finally:
+        _kernels.use(level)
+
 @pytest.mark.parametrize("rule,code", [("min", -128), ("zero", 5), ("max", 127)])
 def test_nan_to_integer(rule, code):
     x = np.array([np.nan, -np.nan, 1.0], np.float32)

@@ -610,3 +610,38 @@ def test_qlinear_float8_sums_beyond_64_bits_take_the_exact_multiplier():
                                         * m, mode, 0) - 5, -128), 127) for j in range(2)] for i in range(6)]
             assert y.tolist() == want, (scale, precision, mode)
             assert len({v for row in want for v in row}) > 3  # not all saturated
+
+
+# NaN scales with a float8 output (QLinearMatMul-21): the NaN of the first operand in the
+# formula carries its sign (docs/semantics.md, "Requantization rules"), on every level.
+NEG_NAN, POS_NAN = np.uint32(0xFFC00000).view(np.float32), np.uint32(0x7FC00000).view(np.float32)
+
+
+@pytest.mark.parametrize("requantization, datapath", [
+    (rule, datapath) for rule in ("exact", "float32", "float64")
+    for datapath in (None, dict(scale_precision="float32"), dict(scale="reciprocal", scale_precision="float32"),
+                     dict(scale="reciprocal", scale_precision="float64"))
+    # (the float32 rule refuses a float64 multiplier: test_datapath_refusals_in_the_integer_ops)
+    if not (rule == "float32" and datapath and datapath["scale_precision"] == "float64")])
+def test_nan_scales_first_operand_wins(requantization, datapath):
+    from qemu_q import _kernels
+
+    a = np.arange(24, dtype=np.uint8).reshape(3, 8)
+    b = np.arange(80, dtype=np.uint8).reshape(8, 10)
+    one = np.float32(1)
+    # (sa, sb, sy) and the e4m3fn NaN code of the winning sign (Cast: 0xFF -NaN, 0x7F NaN)
+    cases = [((NEG_NAN, POS_NAN, one), 0xFF), ((POS_NAN, NEG_NAN, one), 0x7F),
+             ((one, NEG_NAN, POS_NAN), 0xFF), ((one, POS_NAN, NEG_NAN), 0x7F),
+             ((POS_NAN, one, NEG_NAN), 0x7F)]
+    dp = None if datapath is None else qemu_q.Datapath(**datapath)
+    level = _kernels.active.level
+    try:
+        for lv in _kernels.available_levels():
+            _kernels.use(lv)
+            for (sa, sb, sy), code in cases:
+                y = qemu_q.qlinear_matmul(a, sa, np.uint8(0), b, sb, np.uint8(0), sy,
+                                          np.zeros((), ml_dtypes.float8_e4m3fn),
+                                          requantization=requantization, datapath=dp)
+                assert y.view(np.uint8).tolist() == [[code] * 10] * 3, (lv, sa, sb, sy)
+    finally:
+        _kernels.use(level)
