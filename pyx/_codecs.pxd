@@ -1336,22 +1336,39 @@ cdef extern from *:
 
 
 # A product whose NaN is decided by its operands' order: a NaN `a` wins over a NaN `b`
-# (quieted, its sign and payload kept), as x86's multiply returns its first source
-# operand's NaN and the division x / s returns x's. A commutative multiply alone leaves
-# the choice to the compiler, which swaps the operands where it likes (vectorized loops
-# did where scalar code did not): the sign of x * (1 / s)'s NaN for a NaN x and a NaN
-# scale, which the small floats' NaN codes carry, then hung on the element's position
-# and the instruction-set level (docs/semantics.md, "Datapath options", step 2). a + a is
-# a's quieted NaN; the select costs a compare and a blend.
+# (its sign and payload kept), as x86's multiply returns its first source operand's NaN
+# and the division x / s returns x's. A commutative multiply alone leaves the choice to
+# the compiler, which swaps the operands where it likes (vectorized loops did where
+# scalar code did not): the sign of x * (1 / s)'s NaN for a NaN x and a NaN scale, which
+# the small floats' NaN codes carry, then hung on the element's position and the
+# instruction-set level (docs/semantics.md, "Datapath options", step 2). The select is
+# on the bits, with an integer NaN test (both sides below 2**31 or 2**63: a signed
+# compare, which SSE2 has): as a float select (a != a ? a : product, or on an integer
+# condition) GCC kept a branch and the loops went scalar, 7x slower. a's NaN is not
+# quieted: every caller's next step reads only its sign, or quiets it.
 cdef extern from *:
     """
     QEMU_Q_ALWAYS_INLINE float qemu_q_product_nan_first_f32(float a, float b) {
         float product = a * b;
-        return a != a ? a + a : product;
+        uint32_t a_bits, product_bits, nan, bits;
+        float result;
+        memcpy(&a_bits, &a, 4);
+        memcpy(&product_bits, &product, 4);
+        nan = 0u - (uint32_t)((int32_t)(a_bits & 0x7FFFFFFFu) > (int32_t)0x7F800000);
+        bits = (product_bits & ~nan) | (a_bits & nan);
+        memcpy(&result, &bits, 4);
+        return result;
     }
     QEMU_Q_ALWAYS_INLINE double qemu_q_product_nan_first_f64(double a, double b) {
         double product = a * b;
-        return a != a ? a + a : product;
+        uint64_t a_bits, product_bits, nan, bits;
+        double result;
+        memcpy(&a_bits, &a, 8);
+        memcpy(&product_bits, &product, 8);
+        nan = 0u - (uint64_t)((int64_t)(a_bits & 0x7FFFFFFFFFFFFFFFull) > (int64_t)0x7FF0000000000000ll);
+        bits = (product_bits & ~nan) | (a_bits & nan);
+        memcpy(&result, &bits, 8);
+        return result;
     }
     """
     float product_nan_first_f32 "qemu_q_product_nan_first_f32" (float a, float b) noexcept nogil
