@@ -1348,28 +1348,21 @@ cdef extern from *:
 # quieted: every caller's next step reads only its sign, or quiets it.
 cdef extern from *:
     """
-    QEMU_Q_ALWAYS_INLINE float qemu_q_product_nan_first_f32(float a, float b) {
-        float product = a * b;
-        uint32_t a_bits, product_bits, nan, bits;
-        float result;
-        memcpy(&a_bits, &a, 4);
-        memcpy(&product_bits, &product, 4);
-        nan = 0u - (uint32_t)((int32_t)(a_bits & 0x7FFFFFFFu) > (int32_t)0x7F800000);
-        bits = (product_bits & ~nan) | (a_bits & nan);
-        memcpy(&result, &bits, 4);
-        return result;
-    }
-    QEMU_Q_ALWAYS_INLINE double qemu_q_product_nan_first_f64(double a, double b) {
-        double product = a * b;
-        uint64_t a_bits, product_bits, nan, bits;
-        double result;
-        memcpy(&a_bits, &a, 8);
-        memcpy(&product_bits, &product, 8);
-        nan = 0u - (uint64_t)((int64_t)(a_bits & 0x7FFFFFFFFFFFFFFFull) > (int64_t)0x7FF0000000000000ll);
-        bits = (product_bits & ~nan) | (a_bits & nan);
-        memcpy(&result, &bits, 8);
-        return result;
-    }
+    #define QEMU_Q_PRODUCT_NAN_FIRST(name, type, bits_type, signed_type, magnitude_mask, inf_bits) \
+        QEMU_Q_ALWAYS_INLINE type name(type a, type b) { \
+            type product = a * b; \
+            bits_type a_bits, product_bits, nan, bits; \
+            type result; \
+            memcpy(&a_bits, &a, sizeof(type)); \
+            memcpy(&product_bits, &product, sizeof(type)); \
+            nan = (bits_type)0 - (bits_type)((signed_type)(a_bits & (magnitude_mask)) > (signed_type)(inf_bits)); \
+            bits = (product_bits & ~nan) | (a_bits & nan); \
+            memcpy(&result, &bits, sizeof(type)); \
+            return result; \
+        }
+    QEMU_Q_PRODUCT_NAN_FIRST(qemu_q_product_nan_first_f32, float, uint32_t, int32_t, 0x7FFFFFFFu, 0x7F800000)
+    QEMU_Q_PRODUCT_NAN_FIRST(qemu_q_product_nan_first_f64, double, uint64_t, int64_t, 0x7FFFFFFFFFFFFFFFull,
+                             0x7FF0000000000000ll)
     """
     float product_nan_first_f32 "qemu_q_product_nan_first_f32" (float a, float b) noexcept nogil
     double product_nan_first_f64 "qemu_q_product_nan_first_f64" (double a, double b) noexcept nogil

@@ -20,6 +20,7 @@ command stops quietly with 141, the shell's code for SIGPIPE.
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import shutil
@@ -46,10 +47,17 @@ def _csv(value: str) -> list[str]:
 
 
 class _CsvAppend(argparse.Action):
-    """--opt a,b --opt c  ->  [a, b, c]"""
+    """--opt a,b --opt c  ->  [a, b, c]: each value once, in order. An option given with no
+    value ("", ",") is refused: it would select everything, as the option left out does
+    (an empty shell variable would generate the whole suite)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + _csv(values))
+        parts = _csv(values)
+        if not parts:
+            raise UsageError(f"{parser.prog}: {option_string} {values!r} names nothing; leave the option "
+                             f"out to select every value (see {parser.prog} --help)")
+        merged = getattr(namespace, self.dest) or []
+        setattr(namespace, self.dest, merged + [part for part in dict.fromkeys(parts) if part not in merged])
 
 
 def _int(text: str) -> int:
@@ -312,22 +320,45 @@ def _formats(args, datapath=None) -> tuple[str, ...]:
     return tuple(f for f in writers.FORMATS if f in args.format)
 
 
-def _prepare_out(out: str, force: bool) -> None:
+def _prepare_out(out: str, force: bool) -> str:
+    """The staging directory the suite is written into (inside `out`): _replace_suite
+    moves it into place once every case is written, so that a command that fails
+    halfway (a case the datapath refuses, a full disk, Ctrl-C) leaves no partial suite
+    and, with --force, the previous suite as it was."""
     from .golden import writers
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise RuntimeError(f"--out {out} exists and is not a directory")
-    if os.path.isdir(out) and os.listdir(out):
-        if not force:
-            raise RuntimeError(f"--out {out} is not empty; use --force to replace the suite "
-                               f"there (its {writers.MANIFEST}, {writers.NODE_DIR}/ and "
-                               f"{writers.NPZ_DIR}/)")
-        for name in (writers.NODE_DIR, writers.NPZ_DIR):
-            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-        manifest = os.path.join(out, writers.MANIFEST)
-        if os.path.exists(manifest):
-            os.remove(manifest)
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise RuntimeError(f"--out {out} is not empty; use --force to replace the suite "
+                           f"there (its {writers.MANIFEST}, {writers.NODE_DIR}/ and "
+                           f"{writers.NPZ_DIR}/)")
     os.makedirs(out, exist_ok=True)
+    return tempfile.mkdtemp(prefix=".qemu-q-staging-", dir=out)
+
+
+def _replace_suite(out: str, staging: str) -> None:
+    """The staged suite in place of `out`'s (its manifest last). A symbolic link where a
+    part of the suite goes is removed, not written through."""
+    from .golden import writers
+
+    parts = (writers.NODE_DIR, writers.NPZ_DIR, writers.MANIFEST)
+    for name in parts:
+        path = os.path.join(out, name)
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)
+    for name in parts:
+        if os.path.exists(os.path.join(staging, name)):
+            os.replace(os.path.join(staging, name), os.path.join(out, name))
+    os.rmdir(staging)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # (reading it sets it: put it back)
+    os.umask(mask)
+    return mask
 
 
 def _write_file(path: str, data: bytes) -> None:
@@ -335,10 +366,14 @@ def _write_file(path: str, data: bytes) -> None:
     renamed over it, so that an interrupted or failed write (Ctrl-C, a full disk) leaves
     no empty or truncated file under the real name."""
     directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, "no such directory to write into", directory)
     handle = tempfile.NamedTemporaryFile(dir=directory, prefix=".qemu-q-", suffix=".tmp", delete=False)
     try:
         with handle:
             handle.write(data)
+        # a temporary file is made 0600; the file keeps the mode a plain open() would give
+        os.chmod(handle.name, 0o666 & ~_umask())
         os.replace(handle.name, path)
     except BaseException:
         try:
@@ -418,7 +453,7 @@ def cmd_golden(args) -> int:
         for op_type in dict.fromkeys(c.op_type for c in configs):
             golden.build_case(next(c for c in configs if c.op_type == op_type), args.seed,
                               args.size, datapath)
-    _prepare_out(args.out, args.force)
+    staging = _prepare_out(args.out, args.force)
     header = {
         "qemu_q_version": __version__,
         "seed": args.seed,
@@ -447,19 +482,23 @@ def cmd_golden(args) -> int:
     progress = _Progress(len(configs))
     entries, n_files, n_bytes, made = [], 0, 0, set()
     try:
-        for done, config in enumerate(configs, 1):
-            case = golden.build_case(config, args.seed, args.size, datapath)
-            files, entry = writers.case_files(case, formats, args.word_bits)
-            for relative, data in files:
-                _write(args.out, relative, data, made)
-                n_bytes += len(data)
-            n_files += len(files)
-            entries.append(entry)
-            progress.update(done)
+        try:
+            for done, config in enumerate(configs, 1):
+                case = golden.build_case(config, args.seed, args.size, datapath)
+                files, entry = writers.case_files(case, formats, args.word_bits)
+                for relative, data in files:
+                    _write(staging, relative, data, made)
+                    n_bytes += len(data)
+                n_files += len(files)
+                entries.append(entry)
+                progress.update(done)
+        finally:
+            progress.close()
+        manifest = writers.manifest_bytes(header, entries)
+        _write(staging, writers.MANIFEST, manifest, made)
+        _replace_suite(args.out, staging)
     finally:
-        progress.close()
-    manifest = writers.manifest_bytes(header, entries)
-    _write(args.out, writers.MANIFEST, manifest, made)
+        shutil.rmtree(staging, ignore_errors=True)  # (gone already where the suite was moved)
     n_files += 1
     n_bytes += len(manifest)
     n_divergent = sum(1 for e in entries if e["divergence"])
@@ -511,8 +550,10 @@ def _load_array(spec: str, role: str) -> tuple[np.ndarray, bool]:
                                    f"{', '.join(arrays)}")
             return arrays[key], typed
         return np.load(path, allow_pickle=False), False
-    except (ValueError, TypeError, OSError, KeyError) as error:
-        raise RuntimeError(f"{role}: cannot read {spec}: {error}") from None
+    except RuntimeError:
+        raise
+    except Exception as error:  # noqa: BLE001 - zipfile's BadZipFile, protobuf's DecodeError
+        raise RuntimeError(f"{role}: cannot read {spec}: {type(error).__name__}: {error}") from None
 
 
 def _type_arg(text: str, option: str, command: str):
@@ -633,6 +674,7 @@ def cmd_apply(args, op: str) -> int:
             raise UsageError(f"{PROG} {command}: {error}") from None
     if args.out:
         _check_output_path(args.out, command)
+        _check_not_an_input(args.out, "-o", [args.npz, args.x, args.scale, args.zero_point], command)
     spec_for_names = get_spec(op, None)
     names = [p.name for p in spec_for_names.inputs]  # x, *_scale, *_zero_point
     opset = args.opset
@@ -646,6 +688,11 @@ def cmd_apply(args, op: str) -> int:
         if meta:
             if meta.get("op_type") != op:
                 raise RuntimeError(f"{args.npz} is a {meta.get('op_type')} case, not {op}")
+            if meta.get("datapath"):
+                raise RuntimeError(
+                    f"{args.npz} is a case of a described datapath ({meta['datapath']}); qemu-q "
+                    f"{command} runs the ONNX op: call qemu_q.{'quantize_linear' if op == 'QuantizeLinear' else 'dequantize_linear'} "
+                    "with that Datapath (and the case's random_bits) instead")
             attributes = dict(meta.get("attributes", {}))
             opset = opset if opset is not None else meta.get("opset")
     else:
@@ -681,6 +728,20 @@ def _element_type_of(array: np.ndarray):
     from ._dtypes import array_element_type
 
     return array_element_type(array, "x")
+
+
+def _check_not_an_input(out: str, option: str, inputs, command: str) -> None:
+    """An output file that is one of the inputs, or lies inside an input directory (a
+    suite's manifest, an ACTUAL case), would overwrite what the command reads."""
+    target = os.path.realpath(out)
+    for given in inputs:
+        if not given:
+            continue
+        source = os.path.realpath(given)
+        inside = os.path.isdir(source) and os.path.commonpath([source, target]) == source
+        if target == source or inside:
+            raise UsageError(f"{PROG} {command}: {option} {out} would overwrite "
+                             f"{'a file in ' if inside else ''}the input {given}; write elsewhere")
 
 
 def _check_output_path(out: str, command: str) -> str:
@@ -745,15 +806,18 @@ def format_array(array: np.ndarray) -> str:
 def _inputs_from_npz(path, names, read_npz):
     if not os.path.exists(path):
         raise RuntimeError(f"--npz: no such file {path}")
-    with np.load(path, allow_pickle=False) as archive:
-        has_meta = "meta" in archive.files
-        files = list(archive.files)
-    if has_meta:
-        meta, arrays = read_npz(path)
-    else:
-        meta = None
+    try:
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {k: archive[k] for k in files}
+            has_meta = "meta" in archive.files
+            files = list(archive.files)
+        if has_meta:
+            meta, arrays = read_npz(path)
+        else:
+            meta = None
+            with np.load(path, allow_pickle=False) as archive:
+                arrays = {k: archive[k] for k in files}
+    except Exception as error:  # noqa: BLE001 - zipfile's BadZipFile and numpy's errors
+        raise RuntimeError(f"--npz: cannot read {path}: {type(error).__name__}: {error}") from None
     missing = [n for n in names[:2] if n not in arrays]
     if missing:
         raise RuntimeError(f"--npz {path} has no {missing[0]!r}; it has {', '.join(files)}")
@@ -785,6 +849,8 @@ def cmd_verify(args) -> int:
     if args.max_mismatches < 0:
         raise UsageError(f"{PROG} verify: --max-mismatches must be >= 0, got "
                          f"{args.max_mismatches}")
+    if args.json:
+        _check_not_an_input(args.json, "--json", [args.golden_dir, args.actual], "verify")
     try:
         report = verify(args.golden_dir, args.actual, case=args.case,
                         max_mismatches=args.max_mismatches)

@@ -109,6 +109,50 @@ def test_golden_formats_and_force(capsys, tmp_path):
     assert list((out / "node").rglob("*.hex"))
 
 
+def test_golden_files_modes_repeats_and_links(capsys, tmp_path):
+    """Files get the mode a plain write gives under the umask (a temporary file is 0600);
+    a repeated list value is one case; a symbolic link where npz/ goes is replaced, not
+    written through."""
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        out = tmp_path / "g"
+        code, _, err = run(capsys, "golden", "--out", out, "--op", "q", "--opset", "21", "--type", "int4",
+                           "--granularity", "blocked", "--block-size", "4,4", "--block-size", "4")
+        assert code == 0, err
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert [case["name"] for case in manifest["cases"]].count(manifest["cases"][0]["name"]) == 1
+        modes = {stat.S_IMODE(path.stat().st_mode) for path in out.rglob("*") if path.is_file()}
+        assert modes == {0o644}, modes
+    finally:
+        os.umask(previous)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("kept")
+    (out / "npz").rename(tmp_path / "old_npz")
+    (out / "npz").symlink_to(elsewhere)
+    code, _, err = run(capsys, "golden", "--out", out, "--force", "--op", "dynamic", "--format", "npz")
+    assert code == 0, err
+    assert not (out / "npz").is_symlink() and list((out / "npz").glob("*.npz"))
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.txt"]
+
+
+def test_golden_failing_halfway_leaves_the_previous_suite(capsys, tmp_path):
+    """A case the datapath refuses stops the command after other cases were built: the
+    suite in DIR (replaced with --force) is left as it was, with no staging files."""
+    out = tmp_path / "g"
+    assert run(capsys, "golden", "--out", out, "--op", "dynamic", "--format", "npz")[0] == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    dp_file = _datapath_file(tmp_path, {"float8_encoder": "onnxruntime", "rounding": "half_away"})
+    code, _, err = run(capsys, "golden", "--out", out, "--force", "--datapath", dp_file, "--op", "q",
+                       "--opset", "21", "--type", "int8,float8e4m3fn", "--format", "npz")
+    assert_one_line_error(err, code, 1, "half_away", "float8_encoder='onnxruntime'")
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before and sorted(p.name for p in out.iterdir()) == ["manifest.json", "npz"]
+
+
 def test_golden_list(capsys):
     code, out, _ = run(capsys, "golden", "--list", "--op", "dynamic")
     assert code == 0
@@ -161,6 +205,9 @@ def test_golden_seed_and_size(capsys, tmp_path):
     (["golden", "--out", "{tmp}/g", "--format", "pdf"], 2, ["pdf"]),
     (["golden", "--out", "{tmp}/g", "--word-bits", "12"], 2, ["--word-bits"]),
     (["golden", "--out", "{tmp}/g", "--size", "0"], 2, ["--size"]),
+    # an empty list value names nothing (an empty shell variable): not the whole suite
+    (["golden", "--out", "{tmp}/g", "--type", ""], 2, ["--type ''", "names nothing"]),
+    (["golden", "--out", "{tmp}/g", "--op", ","], 2, ["--op ','", "names nothing"]),
     (["golden", "--out", "{tmp}/g", "--op", "dynamic", "--type", "int4"], 2, ["no case"]),
     (["golden", "--out", "{tmp}/file.txt"], 1, ["not a directory"]),
     (["frobnicate"], 2, ["frobnicate"]),
@@ -289,6 +336,32 @@ def test_output_paths_refused(capsys, arrays, tmp_path, name, fragments):
                           "float8e4m3fn", "-o", tmp_path / name)
     assert_one_line_error(err, code, 2, *fragments)
     assert sorted(tmp_path.iterdir()) == before  # nothing written, no y.npy.npy
+
+
+def test_outputs_never_overwrite_inputs(capsys, arrays, tmp_path):
+    _x, p = arrays
+    before = p["x"].read_bytes()
+    code, _out, err = run(capsys, "quantize", p["x"], p["s0"], "-o", p["x"])
+    assert_one_line_error(err, code, 2, "-o", "would overwrite the input")
+    assert p["x"].read_bytes() == before
+    out = tmp_path / "g"
+    assert run(capsys, "golden", "--out", out, "--op", "dynamic", "--format", "npz")[0] == 0
+    manifest = (out / "manifest.json").read_bytes()
+    code, _out, err = run(capsys, "verify", out, out, "--json", out / "manifest.json")
+    assert_one_line_error(err, code, 2, "--json", "would overwrite a file in the input")
+    assert (out / "manifest.json").read_bytes() == manifest
+    code, _out, err = run(capsys, "quantize", p["x"], p["s0"], "-o", tmp_path / "no_dir" / "y.npy")
+    assert_one_line_error(err, code, 1, "no such directory to write into", "no_dir")
+
+
+def test_corrupt_input_files_are_named(capsys, arrays, tmp_path):
+    _x, p = arrays
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file at all")
+    code, _out, err = run(capsys, "quantize", "--npz", bad)
+    assert_one_line_error(err, code, 1, "--npz: cannot read", "bad.npz")
+    code, _out, err = run(capsys, "quantize", bad, p["s0"])
+    assert_one_line_error(err, code, 1, "x: cannot read", "bad.npz")
 
 
 def test_hex_output_is_the_named_file(capsys, arrays, tmp_path):
@@ -479,6 +552,22 @@ def test_golden_datapath_writes_npz_and_hex_with_the_datapath(capsys, tmp_path):
     assert datapaths.FIELDS == tuple(manifest["datapath"])
 
 
+def test_golden_datapath_case_files_name_their_datapath(capsys, tmp_path):
+    """A case .npz of a described datapath says so in its meta; `quantize --npz` (the
+    ONNX op) refuses it rather than give other bits than the file's own."""
+    fields = {"rounding": "half_away", "scale": "reciprocal", "scale_precision": "float32"}
+    dp_file = _datapath_file(tmp_path, fields)
+    out = tmp_path / "g"
+    assert run(capsys, "golden", "--out", out, "--datapath", dp_file, "--op", "q", "--opset", "21",
+               "--type", "int4", "--family", "near_ties")[0] == 0
+    case = out / "npz" / "test_quantizelinear_21_int4_near_ties.npz"
+    meta, _arrays = writers.read_npz(str(case))
+    assert {k: meta["datapath"][k] for k in fields} == fields
+    code, _out, err = run(capsys, "quantize", "--npz", case, "-o", tmp_path / "y.npz")
+    assert_one_line_error(err, code, 1, "a case of a described datapath", "qemu_q.quantize_linear")
+    assert not (tmp_path / "y.npz").exists()
+
+
 def test_golden_default_datapath_file_changes_no_byte(capsys, tmp_path):
     selection = ["--op", "q", "--opset", "21", "--type", "uint8", "--family", "grid"]
     assert run(capsys, "golden", "--out", tmp_path / "a", *selection)[0] == 0
@@ -550,6 +639,11 @@ def test_golden_datapath_list_has_no_divergence_notes(capsys, tmp_path):
     ('{"accumulator": "int99"}', 2, ["accumulator", "int99"]),
     ('["half_away"]', 2, ["JSON object", "list"]),
     ('{"rounding": ', 2, ["not valid JSON"]),
+    # JSON readers disagree on a repeated key: refused, in by_version's objects too
+    ('{"rounding": "half_away", "rounding": "half_even"}', 2, ["'rounding' is given twice"]),
+    ('{"by_version": [["QuantizeLinear", 19, 21, {"rounding": "up", "rounding": "down"}]]}', 2,
+     ["'rounding' is given twice"]),
+    ("[" * 100000, 2, ["nested too deeply"]),
     (None, 1, ["No such file"]),
 ])
 def test_golden_datapath_file_errors(capsys, tmp_path, content, code, fragments):

@@ -762,3 +762,26 @@ def test_run_node_is_run_op_under_the_default_datapath(suite):
                 (case.name, name)
         checked += 1
     assert checked > 10000
+
+
+def test_generate_and_selection_refuse_bad_arguments():
+    """The Python API checks what the CLI's options check: a string is one value, not a
+    sequence of its characters; sizes and seeds are ints; the selection is a Selection."""
+    selection = golden.Selection(ops=("q",), opsets=(21,), types=("int8",))
+    for kwargs, error, fragment in [
+            (dict(size=0), ValueError, "size=0"), (dict(size=2.5), TypeError, "size must be an int"),
+            (dict(size=True), TypeError, "size must be an int"), (dict(seed="abc"), TypeError, "seed must be an int"),
+            (dict(seed=None), TypeError, "seed must be an int")]:
+        with pytest.raises(error, match=re.escape(fragment)):
+            golden.generate(selection, **kwargs)
+    with pytest.raises(TypeError, match=re.escape("selection must be a qemu_q.golden.Selection")):
+        golden.generate({"ops": ["q"]})
+    for kwargs, error, fragment in [
+            (dict(variants="base"), TypeError, "variants='base'; expected a sequence"),
+            (dict(opsets=21), TypeError, "opsets=21; expected a sequence"),
+            (dict(opsets=("21",)), TypeError, "opsets holds '21'"),
+            (dict(types=()), ValueError, "types=() selects nothing")]:
+        with pytest.raises(error, match=re.escape(fragment)):
+            golden.Selection(**kwargs)
+    assert golden.Selection(variants=["base"]).variants == ("base",)
+    assert len(list(golden.generate(selection, size=8))) == len(list(golden.iter_configs(selection)))

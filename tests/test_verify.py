@@ -245,6 +245,46 @@ def test_wrong_type_or_shape_fails_with_a_reason(suite_dir, tmp_path):
     assert "has shape [1, 3, 11], expected [2, 3, 11]" in result.errors[0]
 
 
+def test_a_hex_file_is_exactly_its_tensor(suite_dir, tmp_path):
+    """A .hex file that says another type or shape, has a word too many, a word wider than
+    its width or a nonzero padding byte fails its case, whatever its leading bytes hold."""
+    text = (suite_dir / "node" / INT4_CASE / "test_data_set_0" / "output_0.hex").read_text()
+    lines = text.splitlines()
+    last = len(lines) - 1
+    # 66 int4 codes are 33 bytes: 9 words of 32 bits, the last one holding 1 data byte
+    padded = lines[:last] + [format(int(lines[last], 16) | 0x100, "08x")]
+    variants = {
+        "the header declares int8 [999], expected int4 [2, 3, 11]":
+            [line.replace("// type: int4", "// type: int8").replace("[2, 3, 11]", "[999]") for line in lines],
+        "10 words; 66 elements of int4 take 9 words of 32 bits": lines + ["deadbeef"],
+        "word '1deadbeef': expected at most 8 hex digits": lines[:last] + ["1deadbeef"],
+        "the padding after the 33 data bytes is not zero": padded,
+    }
+    assert qemu_q.verify(suite_dir, suite_dir, case=INT4_CASE).ok()
+    for reason, variant in variants.items():
+        _write_case(tmp_path, INT4_CASE, {"output_0.hex": ("\n".join(variant) + "\n").encode()})
+        result = qemu_q.verify(suite_dir, tmp_path, case=INT4_CASE).case(INT4_CASE)
+        assert result.status == "fail" and reason in result.errors[0], (reason, result.errors)
+
+
+def test_a_corrupt_npz_fails_its_case_not_the_run(suite_dir, tmp_path, capsys):
+    _write_case(tmp_path, F8_CASE, {"outputs.npz": b"not a zip file"})
+    _copy_case(suite_dir, tmp_path, INT4_CASE)
+    report = qemu_q.verify(suite_dir, tmp_path)
+    assert report.case(F8_CASE).status == "fail"
+    assert "cannot read" in report.case(F8_CASE).errors[0]
+    assert report.case(INT4_CASE).status == "pass"
+
+
+def test_a_manifest_that_is_not_one(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text('{"cases": [{}]}')
+    code, _out, err = _run(["verify", tmp_path, tmp_path], capsys)
+    assert code == 2 and "cases[0] is not a case qemu-q golden writes" in err
+    (tmp_path / "manifest.json").write_text("nope")
+    code, _out, err = _run(["verify", tmp_path, tmp_path], capsys)
+    assert code == 2 and "not valid JSON" in err
+
+
 # --------------------------------------------------------------------------------------
 # Missing cases, --json, a single file
 

@@ -314,6 +314,20 @@ class Selection:
     block_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self):
+        for name in ("ops", "opsets", "types", "granularities", "families", "variants", "block_sizes"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            # a string is one name, not a sequence of its characters
+            if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list, set, frozenset)):
+                raise TypeError(f"Selection: {name}={value!r}; expected a sequence of values "
+                                f"(e.g. {name}=({value!r},)) or None for all"[:300])
+            if not value:
+                raise ValueError(f"Selection: {name}=() selects nothing; None selects every value")
+            object.__setattr__(self, name, tuple(value))
+        for opset in self.opsets or ():
+            if isinstance(opset, bool) or not isinstance(opset, int):
+                raise TypeError(f"Selection: opsets holds {opset!r}; expected ints")
         if self.ops is not None:
             object.__setattr__(self, "ops", tuple(_resolve_suite_op(op) for op in self.ops))
         if self.types is not None:

@@ -78,10 +78,28 @@ def load_datapath(path: str) -> Datapath:
     with open(path, "rb") as handle:
         data = handle.read()
     try:
-        value = json.loads(data.decode("utf-8"))
+        value = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DatapathFileError(f"--datapath {path}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise DatapathFileError(f"--datapath {path}: JSON nested too deeply to be a datapath") from None
+    except _DuplicateKey as error:
+        raise DatapathFileError(f"--datapath {path}: the key {error.args[0]!r} is given twice in one "
+                                "object (JSON readers disagree on which holds)") from None
     return parse_datapath(value, f"--datapath {path}")
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
 
 
 # --------------------------------------------------------------------------------------

@@ -701,6 +701,10 @@ def build_case(config: Config, seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZ
     `datapath` (None: the ONNX default). Every op call goes through `datapaths.call_op`.
     A case under a non-default datapath lists no peer divergence (the table compares
     the ONNX bits); with stochastic rounding its words are the input `random_bits`."""
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a qemu_q.golden Config (from iter_configs), got "
+                        f"{type(config).__name__} {config!r}"[:300])
+    _check_seed_and_size(seed, size)
     datapath = as_datapath(datapath)
     divergences = divergences_of(config) if datapath.is_onnx else []
     if config.op_type in BLOCK_SCALED_OPS:
@@ -730,5 +734,20 @@ def build_case(config: Config, seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZ
 
 def generate(selection: Selection | None = None, seed: int = DEFAULT_SEED,
              size: int = DEFAULT_SIZE, datapath: Datapath | None = None) -> Iterator[Case]:
-    for config in iter_configs(selection):
-        yield build_case(config, seed, size, datapath)
+    # checked at the call, not at the first case: the generator's body runs later
+    if selection is not None and not isinstance(selection, Selection):
+        raise TypeError(f"selection must be a qemu_q.golden.Selection or None, got "
+                        f"{type(selection).__name__} {selection!r}"[:300])
+    _check_seed_and_size(seed, size)
+    as_datapath(datapath)
+    return (build_case(config, seed, size, datapath) for config in iter_configs(selection))
+
+
+def _check_seed_and_size(seed, size) -> None:
+    # (the CLI's --seed and --size: any int seeds the hash; a case has at least 1 element)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        raise TypeError(f"size must be an int >= 1, got {type(size).__name__} {size!r}")
+    if size < 1:
+        raise ValueError(f"size={size}; a case needs at least 1 element (allowed: an int >= 1)")

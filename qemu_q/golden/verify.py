@@ -248,7 +248,15 @@ def load_tensor(path: str, type_name: str, shape, word_bits: int | None = None) 
 
 def _npz_outputs(path: str, outputs: list[dict]) -> list[np.ndarray | str]:
     """Each output from an .npz keyed by its name, expected_<name> or output_N: the array,
-    or why there is none."""
+    or why there is none (a file numpy cannot read fails its case, not the run)."""
+    try:
+        return _npz_arrays(path, outputs)
+    except Exception as error:  # noqa: BLE001 - zipfile, numpy and OS errors of a corrupt file
+        return [f"output {index} ({tensor['name']}): cannot read {path}: {type(error).__name__}: {error}"
+                for index, tensor in enumerate(outputs)]
+
+
+def _npz_arrays(path: str, outputs: list[dict]) -> list[np.ndarray | str]:
     found: list[np.ndarray | str] = []
     with np.load(path, allow_pickle=False) as archive:
         for index, tensor in enumerate(outputs):
@@ -351,7 +359,21 @@ def read_manifest(golden_dir) -> dict:
         raise ValueError(f"golden_dir={golden_dir!r} has no {writers.MANIFEST}: not a suite "
                          f"written by qemu-q golden")
     with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+        try:
+            manifest = json.load(handle)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            raise ValueError(f"{path}: not a manifest qemu-q golden writes (not valid JSON: "
+                             f"{type(error).__name__}: {error})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("cases"), list):
+        raise ValueError(f"{path}: not a manifest qemu-q golden writes (no list of 'cases')")
+    for index, entry in enumerate(manifest["cases"]):
+        outputs = entry.get("outputs") if isinstance(entry, dict) else None
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(outputs, list)
+                and all(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("type"), str)
+                        and isinstance(t.get("shape"), list) for t in outputs)):
+            raise ValueError(f"{path}: cases[{index}] is not a case qemu-q golden writes (a 'name' and "
+                             "'outputs', each with 'name', 'type' and 'shape')")
+    return manifest
 
 
 def verify(golden_dir, actual, *, case: str | None = None,

@@ -8,6 +8,7 @@ onnx is imported only by the ONNX writer, so the rest works without it.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import zipfile
@@ -167,15 +168,41 @@ def hex_type_and_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def read_hex(text: str, type_name: str, shape, word_bits: int | None = None) -> np.ndarray:
-    """Parse a file from `hex_text` back into an array (for tests and users' tooling)."""
+    """Parse a file from `hex_text` back into an array of `type_name` and `shape` (for
+    verify, the CLI's inputs, tests and users' tooling). The file must be exactly that: a
+    `// type:` or `// shape:` header line that says otherwise, a word count other than the
+    tensor's, a word wider than its width, or a nonzero padding byte is a ValueError."""
     header, words = _hex_lines(text)
-    if word_bits is None:
-        word_bits = int(header["words"].split("x")[1].split()[0]) if "words" in header else 32
-    word_bytes = word_bits // 8
-    data = b"".join(int(w, 16).to_bytes(word_bytes, "little") for w in words)
+    if type_name not in ELEMENT_TYPES:
+        raise ValueError(f"type {type_name!r} is not an ONNX type qemu-q writes")
     etype = ELEMENT_TYPES[type_name]
+    shape = tuple(int(d) for d in shape)
+    if "type" in header or "shape" in header:
+        declared_type, declared_shape = hex_type_and_shape(text)
+        if (declared_type, declared_shape) != (type_name, shape):
+            raise ValueError(f"the header declares {declared_type} {list(declared_shape)}, expected "
+                             f"{type_name} {list(shape)}")
+    if word_bits is None and "words" in header:
+        fields = header["words"].split()
+        if len(fields) < 4 or fields[1] != "x" or not fields[2].isdigit() or int(fields[2]) not in WORD_BITS:
+            raise ValueError(f"'// words: {header['words']}': expected '<count> x <bits> bits' with bits "
+                             f"one of {', '.join(map(str, WORD_BITS))}")
+        word_bits = int(fields[2])
+    word_bits = 32 if word_bits is None else word_bits
+    word_bytes = word_bits // 8
     count = int(np.prod(shape, dtype=np.int64))
     size = (count * etype.bits + 7) // 8
+    if len(words) != -(-size // word_bytes):
+        raise ValueError(f"{len(words)} words; {count} elements of {type_name} take "
+                         f"{-(-size // word_bytes)} words of {word_bits} bits")
+    chunks = []
+    for line in words:
+        if len(line) > word_bits // 4 or any(c not in "0123456789abcdefABCDEF" for c in line):
+            raise ValueError(f"word {line!r}: expected at most {word_bits // 4} hex digits")
+        chunks.append(int(line, 16).to_bytes(word_bytes, "little"))
+    data = b"".join(chunks)
+    if any(data[size:]):
+        raise ValueError(f"the padding after the {size} data bytes is not zero")
     return unpack(data[:size], type_name, shape)
 
 
@@ -219,9 +246,13 @@ def typed_npz(groups, meta: dict) -> bytes:
 
 def case_npz(case) -> bytes:
     """The case as an .npz (`typed_npz`): inputs under their ONNX names, expected outputs
-    under `expected_<name>`, and in `meta` also the op, opset and attributes."""
+    under `expected_<name>`, and in `meta` also the op, opset and attributes, and the
+    datapath's fields where it is not the ONNX default (the file says what made its bits;
+    an ONNX suite's files are as before)."""
     meta = {"name": case.name, "op_type": case.op_type, "opset": case.opset,
             "attributes": case.attributes}
+    if not case.datapath.is_onnx:
+        meta["datapath"] = dataclasses.asdict(case.datapath)
     return typed_npz((("input", "", case.inputs), ("output", "expected_", case.outputs),
                       ("extra", "extra_", case.extras)), meta)
 
