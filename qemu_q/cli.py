@@ -622,7 +622,12 @@ def _typed(array: np.ndarray, typed: bool, type_name: str | None, role: str, arg
             f"{PROG} {command}: {role} is {array.dtype}; {option} {etype.name} reads "
             f"stored {etype.name} values or bit patterns; add --cast to convert "
             f"{array.dtype} to {etype.name} (round to nearest even)")
-    return from_storage(array, etype.name)
+    try:
+        return from_storage(array, etype.name)
+    except TypeError as error:  # the option names a type the data is not stored as
+        raise UsageError(f"{PROG} {command}: {role} ({option} {etype.name}): {error}") from None
+    except ValueError as error:  # values outside the named type
+        raise RuntimeError(f"{role} ({option} {etype.name}): {error}") from None
 
 
 def _attribute_args(args, op: str) -> dict:
@@ -885,6 +890,10 @@ def cmd_run(args) -> int:
         tensors = run_model(args.model, feeds)
     except ModelInputError as error:
         raise UsageError(f"{PROG} run: {error}") from None
+    except Exception as error:  # noqa: BLE001 - protobuf's DecodeError for a file that is no model
+        if type(error).__name__ != "DecodeError":
+            raise
+        raise RuntimeError(f"{args.model}: not an ONNX model ({error})") from None
     os.makedirs(args.dump, exist_ok=True)
     manifest = dump(tensors, args.dump, _write_file, args.word_bits)
     print(f"{PROG} run: {len(manifest['tensors'])} tensors -> {args.dump}/ (.pb, .hex, "

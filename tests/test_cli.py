@@ -463,6 +463,10 @@ def test_npz_members_and_golden_cases(capsys, arrays, tmp_path):
     (["dequantize", "{codes}", "{s0}", "--x-type", "int3"], 2, ["int3"]),
     (["dequantize", "{void}", "{s0}"], 2, ["--x-type"]),
     (["dequantize", "{codes}", "{s0}", "--x-type", "int2"], 1, ["int2"]),
+    # int8 data named bfloat16: the message names x and the option
+    (["dequantize", "{codes}", "{s0}", "--x-type", "bfloat16"], 2,
+     ["x (--x-type bfloat16)", "uint16 bit patterns, got int8"]),
+    (["run", "{x}", "--input", "x={x}", "--dump", "{tmp}/dump"], 1, ["x.npy: not an ONNX model"]),
 ])
 def test_apply_errors(capsys, arrays, tmp_path, argv, code, fragments):
     _x, p = arrays
