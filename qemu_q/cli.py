@@ -353,6 +353,9 @@ def _replace_suite(out: str, staging: str) -> None:
         if os.path.exists(os.path.join(staging, name)):
             os.replace(os.path.join(staging, name), os.path.join(out, name))
     os.rmdir(staging)
+    for name in os.listdir(out):  # the staging of a run killed before it could clean up
+        if name.startswith(".qemu-q-staging-") and os.path.isdir(os.path.join(out, name)):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
 
 
 def _umask() -> int:
