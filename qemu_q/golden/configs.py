@@ -318,8 +318,9 @@ class Selection:
             value = getattr(self, name)
             if value is None:
                 continue
-            # a string is one name, not a sequence of its characters
-            if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list, set, frozenset)):
+            # a string is one name, not a sequence of its characters; a set has no order
+            # (block sizes are cases in the order given)
+            if not isinstance(value, (tuple, list)):
                 raise TypeError(f"Selection: {name}={value!r}; expected a sequence of values "
                                 f"(e.g. {name}=({value!r},)) or None for all"[:300])
             if not value:
