@@ -983,3 +983,61 @@ def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
         got, (staged, _) = counted(lambda: qemu_q.quantize_linear(x, scales, zero_point, output_dtype=out,
                                                                   datapath=dp, axis=1, block_size=32))
         assert staged > 0 and module.count_fused_pieces() == 0, out
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["ordinary", "hard"])
+def test_one_scale_divide_takes_the_fused_loop(hard):
+    # One scale and one zero point over a long run (per tensor; per axis along the first
+    # axis: run_datapath_wide) under a float64 division: each piece of 512 is staged and
+    # rounded in one pass (run_fused_one_scale); a piece the fused loop refuses is written
+    # by the double loop. Same bits as the two passes and as the reference, every mode and
+    # flush, float32 and float16 x, 1 and 2 threads. The reciprocal keeps its two passes.
+    module = quantize_module()
+    rng = np.random.default_rng(26)
+    subs = ["keep", "flush_inputs", "flush_outputs", "flush_both"]
+    for k, shape in enumerate([(5000,), (40, 1500)]):
+        if len(shape) == 1:
+            scales = np.float32(0.37)
+            x, _ = staged_case(shape, 0, 0, rng, hard)
+        else:
+            scales = f32(rng.uniform(0.05, 3, shape[0]))
+            scales[::4] = f32([0.25, 123 / 2048, 105 / 64, 2.0])[rng.integers(0, 4, scales[::4].size)]
+            x = (rng.standard_normal(shape) * 30 * scales[:, None]).astype(np.float32)
+            exact = (np.round(x * 2 / scales[:, None]) / 2).astype(np.float32) * scales[:, None]
+            x[::3] = exact[::3]  # x = B * s on every third row (exact even quotients among them)
+            x.reshape(-1)[::97] = 0.0
+            if hard:
+                x[0, :5] = f32([3e38, 2.0 ** -110, np.nan, -np.inf, -1e-40])
+                scales[5] = 1e-39  # outside the remainder loops' lane: its row takes the double loop
+        for j, rounding in enumerate(ROUNDINGS):
+            out = ("int8", "uint8", "int4", "int16", "float8e4m3fn", "float8e5m2", "float4e2m1")[(j + k) % 7]
+            zero_point = {"int8": np.full(np.shape(scales), -3, np.int8),
+                          "uint8": np.full(np.shape(scales), 128, np.uint8)}.get(out)
+            with np.errstate(over="ignore"):  # (3e38 is inf in float16)
+                xs = x if j % 2 == 0 else x.astype(np.float16)
+            for scale_mode in ("divide", "reciprocal"):
+                dp = qemu_q.Datapath(rounding=rounding, scale=scale_mode, scale_precision="float64",
+                                     subnormals=subs[(j + k) % 4])
+
+                def run():
+                    return qemu_q.quantize_linear(xs, scales, zero_point, output_dtype=out, datapath=dp,
+                                                  axis=0, n_threads=1 + j % 2)
+                module.count_fused_pieces()
+                got, (staged, fell_back) = counted(run)
+                fused = module.count_fused_pieces()
+                what = f"{shape} {out} {xs.dtype} {dp} hard={hard}"
+                if scale_mode == "divide":
+                    assert 0 < fused <= staged, (what, fused, staged, fell_back)
+                    assert fell_back > 0 or not hard, what
+                elif len(shape) == 1:
+                    # (per axis, a task's edge inside a row leaves a short run, which the
+                    # buffered feeding gathers and fuses, reciprocal or not)
+                    assert fused == 0 and staged > 0, what
+                previous = module.set_fused_staging(False)
+                try:
+                    two_passes, _ = counted(run)
+                    assert module.count_fused_pieces() == 0
+                finally:
+                    module.set_fused_staging(previous)
+                assert_same_bits(got, two_passes, what)
+                assert_same_bits(got, reference(run), what)
