@@ -985,8 +985,18 @@ def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
         assert staged > 0 and module.count_fused_pieces() == 0, out
 
 
+@pytest.mark.parametrize("lv", LEVELS)
 @pytest.mark.parametrize("hard", [False, True], ids=["ordinary", "hard"])
-def test_one_scale_divide_takes_the_fused_loop(hard):
+def test_one_scale_divide_takes_the_fused_loop(hard, lv):
+    level = _kernels.active.level
+    _kernels.use(lv)
+    try:
+        one_scale_divide_takes_the_fused_loop(hard)
+    finally:
+        _kernels.use(level)
+
+
+def one_scale_divide_takes_the_fused_loop(hard):
     # One scale and one zero point over a long run (per tensor; per axis along the first
     # axis: run_datapath_wide) under a float64 division: each piece of 512 is staged and
     # rounded in one pass (run_fused_one_scale); a piece the fused loop refuses is written
