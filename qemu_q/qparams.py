@@ -13,6 +13,7 @@ import numpy as np
 from . import _coerce, codecs
 from ._dtypes import ElementType, element_type
 from ._opspec import get_spec
+from ._threads import in_default_fp_environment
 
 # The input types quantize_linear divides (x of every QuantizeLinear version but int32).
 _X_TYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -77,6 +78,7 @@ def _scale(numerator: np.ndarray, divisor: float) -> np.ndarray:
                     np.where(scale == 0, _SMALLEST_SCALE, scale)).astype(np.float32)
 
 
+@in_default_fp_environment
 def choose_qparams(x: np.ndarray, dtype: object = "int8", *, axis: int | None = None,
                    block_size: int = 0, symmetric: bool | None = None,
                    reduce_range: bool = False) -> tuple[np.ndarray, np.ndarray]:

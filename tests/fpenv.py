@@ -317,7 +317,85 @@ def build_cases(seed: int = 9):
     mx_scales = rng.integers(0, 8, -(-N // 32)).astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
     case("mx_dequantize MXINT8 with scales 2**-127 .. 2**-120",
          lambda t, c=mx_codes, sc=mx_scales: (qemu_q.mx_dequantize(c, sc, n_threads=t),))
+
+    # Cast: float32 subnormals and tiny normals into the small floats, float16 and bfloat16
+    # (DAZ zeroes the inputs, FTZ the float16 subnormals, a rounding mode moves the
+    # encoders' rounding); float16 subnormals into float8e5m2.
+    cx = (rng.standard_normal(N) * np.exp2(rng.integers(-150, -4, N).astype(np.float64))).astype(f32)
+    cx[:6] = np.array([0x00000001, 0x80000003, 0x00400000, 0x007FFFFF, 0x33800001, 0xB3000000],
+                      np.uint32).view(f32)
+    for to in ("float8e4m3fn", "float8e5m2fnuz", "float8e4m3fnuz", "float16", "bfloat16", "float8e8m0"):
+        case(f"cast f32 subnormal and tiny x -> {to}", lambda t, x=cx, to=to: (qemu_q.cast(x, to, n_threads=t),))
+    cxh = (rng.standard_normal(N) * np.exp2(rng.integers(-26, -10, N).astype(np.float64))).astype(f16)
+    case("cast f16 subnormal x -> float8e5m2", lambda t, x=cxh: (qemu_q.cast(x, "float8e5m2", n_threads=t),))
+
+    # Datapath options (issue 15): the modes' integer and float routes, the flushes (done by
+    # the kernels on the bits, never by MXCSR), float64 quotients, stochastic words.
+    Datapath = qemu_q.Datapath
+    words = rng.integers(0, 1 << 32, N, dtype=np.uint64).astype(np.uint32)
+    tiny = np.array(3e-39, f32)  # a float32 subnormal scale
+    qx = (rng.standard_normal(N) * 2e-37).astype(f32)
+    qx[::5] = cx[::5]
+    for name, dp, out in (
+            ("half_away reciprocal float32", Datapath(rounding="half_away", scale="reciprocal",
+                                                      scale_precision="float32"), "int8"),
+            ("to_odd divide float64 flush_outputs", Datapath(rounding="to_odd", scale_precision="float64",
+                                                             subnormals="flush_outputs"), "float8e4m3fn"),
+            ("down reciprocal float64", Datapath(rounding="down", scale="reciprocal",
+                                                 scale_precision="float64"), "int16"),
+            ("stochastic", Datapath(rounding="stochastic"), "float8e5m2"),
+            ("stochastic flush_inputs nan_to_integer max", Datapath(rounding="stochastic", subnormals="flush_inputs",
+                                                                  nan_to_integer="max"), "int8")):
+        bits_given = words if dp.rounding == "stochastic" else None
+        case(f"quantize f32 -> {out} under {name}, subnormal scale",
+             lambda t, dp=dp, out=out, w=bits_given: (ql(qx, tiny, output_dtype=out, datapath=dp,
+                                                         random_bits=w, n_threads=t),))
+    case("cast f32 -> float8e4m3fn stochastic flush_both",
+         lambda t: (qemu_q.cast(cx, "float8e4m3fn", datapath=Datapath(rounding="stochastic", subnormals="flush_both"),
+                                random_bits=words, n_threads=t),))
+    dq_codes = rng.integers(-128, 128, N).astype(np.int8)
+    case("dequantize int8 -> f32 stochastic, subnormal scale",
+         lambda t: (dql(dq_codes, tiny, np.array(3, np.int8), datapath=Datapath(rounding="stochastic"),
+                        random_bits=words, n_threads=t),))
+    case("dequantize int8 -> bfloat16 half_down flush_outputs, subnormal scale",
+         lambda t: (dql(dq_codes, tiny, output_dtype="bfloat16",
+                        datapath=Datapath(rounding="half_down", subnormals="flush_outputs"), n_threads=t),))
+    mx_words = words[:N // 32 * 32].reshape(-1, 32)
+    mx_blocks = mx_x[:N // 32 * 32].reshape(-1, 32)
+    case("mx_quantize float8e4m3fn stochastic, subnormal blocks",
+         lambda t: qemu_q.mx_quantize(mx_blocks, "float8e4m3fn", datapath=Datapath(rounding="stochastic"),
+                                      random_bits=mx_words, n_threads=t))
+
+    # NVFP4: its float32 global scale and block scales; tiny amaxes.
+    nv_x = (rng.standard_normal(N // 16 * 16) * np.exp2(rng.integers(-130, -100, N // 16 * 16).astype(np.float64))).astype(f32)
+    case("nvfp4_quantize tiny blocks", lambda t: nvfp4_arrays(qemu_q.nvfp4_quantize(nv_x.reshape(-1, 16), n_threads=t)))
+    nv_amax = np.array([1e-40, 3.7e-38, 1e-30, 448.0 * 6.0, 3.4e38], f32)
+    case("nvfp4_global_scale of subnormal and tiny amaxes",
+         lambda t: tuple(np.asarray(qemu_q.nvfp4_global_scale(a)) for a in nv_amax))
+
+    # The integer ops' float requantization: a_scale * b_scale is a float32 subnormal.
+    a = rng.integers(-128, 128, (300, 257)).astype(np.int8)
+    b = rng.integers(-128, 128, (257, 440)).astype(np.int8)
+    qlinear_parameters = (np.array(1e-20, f32), np.array(1, np.int8), np.array(3e-19, f32), np.array(-2, np.int8),
+                          np.array(7e-36, f32), np.array(3, np.int8))
+    for rule in ("float32", "float64"):
+        case(f"qlinear_matmul requantization={rule}, subnormal a_scale * b_scale",
+             lambda t, rule=rule, p=qlinear_parameters: (qemu_q.qlinear_matmul(
+                 a, p[0], p[1], b, p[2], p[3], p[4], p[5], requantization=rule, n_threads=t),))
+
+    # Parameter derivations in the Python layer: a compiler's qparams and multipliers.
+    sub_range = (rng.standard_normal(4096) * 1e-38).astype(f32)
+    case("choose_qparams int8 / uint8 / float8e4m3fn of a subnormal range",
+         lambda t: sum((tuple(qemu_q.choose_qparams(sub_range, dt)) for dt in ("int8", "uint8", "float8e4m3fn")), ()))
+    real_scales = np.array([5e-324, 1e-310, 2.2e-308, 1e-300, 0.3, 1 / 3], np.float64)
+    case("quantize_multiplier tosa32 / gemmlowp of subnormal and tiny scales",
+         lambda t: (tuple(qemu_q.quantize_multiplier(real_scales, "tosa32"))
+                    + tuple(qemu_q.quantize_multiplier(real_scales, "gemmlowp"))))
     return cases
+
+
+def nvfp4_arrays(result):
+    return tuple(np.asarray(r) for r in result)
 
 
 def same_bits(got, expected) -> bool:

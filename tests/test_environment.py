@@ -59,7 +59,10 @@ def test_fp_cases_match_their_oracles(threads):
 def test_bits_do_not_depend_on_the_fp_environment(mode, scenario, mxcsr_library, package_home):
     """Every kernel family (quantize from float32/float16/bfloat16 into integer, float8 and
     packed float4/int4 codes, per-tensor/per-axis/blocked; dequantize into float32, float16
-    and bfloat16, packed input; dynamic_quantize_linear; pack/unpack), with 1 and 2 threads,
+    and bfloat16, packed input; dynamic_quantize_linear; pack/unpack; MX; Cast; NVFP4;
+    QLinearMatMul's float requantizations; datapath options: the modes, the flushes,
+    float64 quotients, stochastic words) and the Python layer's parameter derivations
+    (choose_qparams, nvfp4_global_scale, quantize_multiplier), with 1 and 2 threads,
     under one FP mode set on the calling thread: before any parallel call ("fresh": the
     OpenMP workers are created under the mode) or after a 2-thread call ("after_parallel":
     the workers exist with the default mode, the caller has another). The bits equal the
@@ -256,10 +259,29 @@ codes = rng.integers(-128, 128, n).astype(np.int8)
 i4 = rng.integers(-8, 8, n).astype(ml_dtypes.int4)
 raw = rng.integers(0, 256, n // 2 + 1).astype(np.uint8)
 scale = np.array(0.37, np.float32)
+words = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+a = rng.integers(-128, 128, (300, 257)).astype(np.int8)
+b = rng.integers(-128, 128, (257, 440)).astype(np.int8)
+acc = rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
 
 
 def call(threads):
-    if family == "quantize":
+    if family == "cast":
+        out = (qemu_q.cast(x, "float8e4m3fn", n_threads=threads),)
+    elif family == "mx":
+        out = qemu_q.mx_quantize(x[:n // 32 * 32].reshape(-1, 32), "float4e2m1", n_threads=threads)
+    elif family == "nvfp4":
+        out = qemu_q.nvfp4_quantize(x[:n // 16 * 16].reshape(-1, 16), n_threads=threads)
+    elif family == "integer":
+        out = (qemu_q.qlinear_matmul(a, scale, np.array(1, np.int8), b, scale, np.array(-3, np.int8),
+                                     np.array(40.0, np.float32), np.array(2, np.int8),
+                                     requantization="float32", n_threads=threads),)
+    elif family == "requantize":
+        out = (qemu_q.requantize(acc, 1518500250, 38, scheme="tosa32", n_threads=threads),)
+    elif family == "datapath":
+        out = (qemu_q.quantize_linear(x, scale, np.array(3, np.int8), n_threads=threads, random_bits=words,
+                                      datapath=qemu_q.Datapath(rounding="stochastic")),)
+    elif family == "quantize":
         out = (qemu_q.quantize_linear(x, scale, np.array(3, np.int8), n_threads=threads),)
     elif family == "dequantize":
         out = (qemu_q.dequantize_linear(codes, scale, np.array(-2, np.int8), n_threads=threads),)
@@ -300,7 +322,8 @@ assert call(2) == serial, "the parent's bits changed after fork"
 
 
 @pytest.mark.parametrize("mechanism", ["os.fork", "multiprocessing_pool"])
-@pytest.mark.parametrize("family", ["quantize", "dequantize", "dynamic", "pack", "unpack"])
+@pytest.mark.parametrize("family", ["quantize", "dequantize", "dynamic", "pack", "unpack", "cast", "mx", "nvfp4",
+                                    "integer", "requantize", "datapath"])
 def test_fork_after_a_parallel_call(family, mechanism, package_home):
     # A forked child (or a fork-started Pool's workers) of a process that ran a 2-thread
     # call completes with the right bits. 20 s is 10x what a healthy run takes on a loaded

@@ -309,6 +309,7 @@ def nvfp4_dequantize(codes: Array, block_scales: Array, global_scale: Array, *, 
     return dequantize_linear(codes, block_float, axis=axis_, block_size=BLOCK, output_dtype=output_dtype)
 
 
+@in_default_fp_environment
 def nvfp4_global_scale(global_amax, *, recipe: str = "transformer_engine") -> np.ndarray:
     """The float32 decode scale `recipe` derives from a tensor amax (0-d array)."""
     recipe = _recipe(recipe)

@@ -283,6 +283,7 @@ def _check_float64_values(given: np.ndarray, as_float64: np.ndarray) -> None:
                              "pass the float64 scale the compiler uses (np.float64(...))")
 
 
+@in_default_fp_environment
 def quantize_multiplier(real_scale, scheme: str):
     """The (multiplier, shift) a compiler derives from a real scale for `scheme` (see
     docs/semantics.md): Python ints for a scalar, int32 arrays for an array of scales.
