@@ -391,7 +391,20 @@ def build_cases(seed: int = 9):
     case("quantize_multiplier tosa32 / gemmlowp of subnormal and tiny scales",
          lambda t: (tuple(qemu_q.quantize_multiplier(real_scales, "tosa32"))
                     + tuple(qemu_q.quantize_multiplier(real_scales, "gemmlowp"))))
+
+    # The golden suite's cases: their inputs are drawn with numpy float arithmetic (ranges,
+    # ties, subnormal scales) that the caller's mode changed before build_case ran in the
+    # default environment.
+    from qemu_q import golden
+
+    sample = list(golden.iter_configs())[::50]
+    case(f"golden.build_case of {len(sample)} configs (every 50th)",
+         lambda t: tuple(array for config in sample for array in case_arrays(golden.build_case(config))))
     return cases
+
+
+def case_arrays(case) -> list:
+    return [np.asarray(array) for _, array in case.inputs + case.outputs + case.extras]
 
 
 def nvfp4_arrays(result):

@@ -15,6 +15,7 @@ import numpy as np
 
 from .._dtypes import ELEMENT_TYPES, ElementType
 from .._opspec import get_spec
+from .._threads import in_default_fp_environment
 from ..datapath import Datapath, as_datapath
 from .configs import Config, Selection, iter_configs
 from .datapaths import RANDOM_BITS_INPUT, run_node
@@ -695,6 +696,7 @@ _INPUTS = {
 }
 
 
+@in_default_fp_environment
 def build_case(config: Config, seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZE,
                datapath: Datapath | None = None) -> Case:
     """The case's inputs, attributes and expected outputs (computed by qemu_q), under
