@@ -938,6 +938,23 @@ def test_remainder_loops_on_layouts_threads_and_levels():
         _kernels.use(level)
 
 
+def fused_and_two_passes(module, run, what):
+    """run() with the fused loops checked against the two passes (set_fused_staging(False))
+    and the reference; returns the pieces of the fused run: (staged, fell back, fused)."""
+    module.count_fused_pieces()
+    got, (staged, fell_back) = counted(run)
+    fused = module.count_fused_pieces()
+    previous = module.set_fused_staging(False)
+    try:
+        two_passes, _ = counted(run)
+        assert module.count_fused_pieces() == 0
+    finally:
+        module.set_fused_staging(previous)
+    assert_same_bits(got, two_passes, what)
+    assert_same_bits(got, reference(run), what)
+    return staged, fell_back, fused
+
+
 @pytest.mark.parametrize("scale_mode", ["divide", "reciprocal"])
 def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
     # Pieces with one zero point (integer codes: symmetric, or one value everywhere; the
@@ -961,19 +978,9 @@ def test_the_fused_loop_same_bits_as_the_two_passes(scale_mode):
                 def run():
                     return qemu_q.quantize_linear(x, scales, zero_point, output_dtype=out, datapath=dp, axis=axis,
                                                   block_size=block_size, n_threads=1 + j % 2)
-                module.count_fused_pieces()
-                got, (staged, fell_back) = counted(run)
-                fused = module.count_fused_pieces()
                 what = f"{name} {out} {dp} hard={hard}"
+                staged, _, fused = fused_and_two_passes(module, run, what)
                 assert 0 < fused <= staged or (hard and staged == 0), what
-                previous = module.set_fused_staging(False)
-                try:
-                    two_passes, _ = counted(run)
-                    assert module.count_fused_pieces() == 0
-                finally:
-                    module.set_fused_staging(previous)
-                assert_same_bits(got, two_passes, what)
-                assert_same_bits(got, reference(run), what)
     # several zero points (+0 and -0 are two): the two passes
     x, scales = staged_case((3, 2048), 1, 32, rng, False)
     dp = qemu_q.Datapath(scale=scale_mode, scale_precision="float64")
@@ -1032,10 +1039,8 @@ def one_scale_divide_takes_the_fused_loop(hard):
                 def run():
                     return qemu_q.quantize_linear(xs, scales, zero_point, output_dtype=out, datapath=dp,
                                                   axis=0, n_threads=1 + j % 2)
-                module.count_fused_pieces()
-                got, (staged, fell_back) = counted(run)
-                fused = module.count_fused_pieces()
                 what = f"{shape} {out} {xs.dtype} {dp} hard={hard}"
+                staged, fell_back, fused = fused_and_two_passes(module, run, what)
                 if scale_mode == "divide":
                     assert 0 < fused <= staged, (what, fused, staged, fell_back)
                     assert fell_back > 0 or not hard, what
@@ -1043,11 +1048,3 @@ def one_scale_divide_takes_the_fused_loop(hard):
                     # (per axis, a task's edge inside a row leaves a short run, which the
                     # buffered feeding gathers and fuses, reciprocal or not)
                     assert fused == 0 and staged > 0, what
-                previous = module.set_fused_staging(False)
-                try:
-                    two_passes, _ = counted(run)
-                    assert module.count_fused_pieces() == 0
-                finally:
-                    module.set_fused_staging(previous)
-                assert_same_bits(got, two_passes, what)
-                assert_same_bits(got, reference(run), what)
