@@ -61,8 +61,9 @@ def test_bits_do_not_depend_on_the_fp_environment(mode, scenario, mxcsr_library,
     packed float4/int4 codes, per-tensor/per-axis/blocked; dequantize into float32, float16
     and bfloat16, packed input; dynamic_quantize_linear; pack/unpack; MX; Cast; NVFP4;
     QLinearMatMul's float requantizations; datapath options: the modes, the flushes,
-    float64 quotients, stochastic words) and the Python layer's parameter derivations
-    (choose_qparams, nvfp4_global_scale, quantize_multiplier), with 1 and 2 threads,
+    float64 quotients, stochastic words) and the public functions that compute in floating
+    point outside the ops (choose_qparams, nvfp4_global_scale, quantize_multiplier,
+    golden.build_case), with 1 and 2 threads,
     under one FP mode set on the calling thread: before any parallel call ("fresh": the
     OpenMP workers are created under the mode) or after a 2-thread call ("after_parallel":
     the workers exist with the default mode, the caller has another). The bits equal the
