@@ -8,7 +8,6 @@ onnx is imported only by the ONNX writer, so the rest works without it.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import zipfile
@@ -17,6 +16,7 @@ import numpy as np
 
 from .._dtypes import ELEMENT_TYPES, ElementType, array_element_type, element_type
 from .._pack import pack, unpack
+from .datapaths import datapath_fields
 from .runtimes import runs_on
 
 ONNX_MISSING = "the onnx format needs the onnx package: pip install qemu_q[onnx]"
@@ -252,7 +252,7 @@ def case_npz(case) -> bytes:
     meta = {"name": case.name, "op_type": case.op_type, "opset": case.opset,
             "attributes": case.attributes}
     if not case.datapath.is_onnx:
-        meta["datapath"] = dataclasses.asdict(case.datapath)
+        meta["datapath"] = datapath_fields(case.datapath)
     return typed_npz((("input", "", case.inputs), ("output", "expected_", case.outputs),
                       ("extra", "extra_", case.extras)), meta)
 
