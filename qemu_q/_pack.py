@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _dispatch
 from ._coerce import plain_array
+from .codecs import check_codes, is_family
 from ._dtypes import array_element_type, element_type
 from ._threads import resolve_threads
 from ._typing import Shape, TypeSpec
@@ -73,7 +74,10 @@ def pack(array: np.ndarray, *, out: np.ndarray | None = None, n_threads: int | N
 
     `dtype`: the codec-family type (qemu_q.integer_type, qemu_q.minifloat_type) whose codes
     `array` holds in its storage dtype; family codes of 2, 4, 6, 8 or 16 bits pack as the
-    ONNX types of those widths do, other widths have no raw_data layout (ValueError).
+    ONNX types of those widths do, other widths have no raw_data layout (ValueError). A
+    value that is not a code of the type (an integer outside its range, narrow-range ends
+    included; a minifloat code wider than its bits) is a ValueError: packing would keep
+    only its low bits, another code.
     """
     if not isinstance(array, np.ndarray):
         raise TypeError(f"array must be a numpy array, got {type(array).__name__}")
@@ -81,6 +85,8 @@ def pack(array: np.ndarray, *, out: np.ndarray | None = None, n_threads: int | N
     etype = array_element_type(array, "array") if dtype is None else _family_layout(dtype, "dtype")
     if dtype is not None and array.dtype != etype.dtype:
         raise TypeError(f"array has dtype {array.dtype}; codes of {etype.name} are stored as {etype.dtype}")
+    if dtype is not None and is_family(etype):
+        check_codes(array, etype, "pack", "array")
     n_threads = resolve_threads(n_threads, array.size)
     flat = np.ascontiguousarray(array).reshape(-1)
     size = packed_size(etype, flat.size)
@@ -107,11 +113,22 @@ def pack(array: np.ndarray, *, out: np.ndarray | None = None, n_threads: int | N
 
 def unpack(buffer: bytes | np.ndarray, dtype: TypeSpec, shape: Shape, *,
            n_threads: int | None = None) -> np.ndarray:
-    """The array of `dtype` and `shape` whose ONNX raw_data bytes are `buffer`."""
+    """The array of `dtype` and `shape` whose ONNX raw_data bytes are `buffer`. For a
+    narrow-range family integer, a field holding the type's excluded minimum is a
+    ValueError (it is no code of the type; every other field of 2, 4, 6, 8 or 16 bits is)."""
     if dtype is None:
         raise TypeError("dtype=None: give the element type of the codes (a type name, an ONNX "
                         "data-type int or a dtype)")
     etype = _family_layout(dtype, "dtype")
+    values = unpack_fields(buffer, etype, shape, n_threads)
+    if is_family(etype):
+        check_codes(values, etype, "unpack", "buffer")
+    return values
+
+
+def unpack_fields(buffer: bytes | np.ndarray, etype, shape: Shape, n_threads: int | None) -> np.ndarray:
+    """unpack's array, every field as the type's storage holds it, codes or not (callers
+    that check the codes themselves, naming their own argument)."""
     shape = normalize_shape(shape)
     count = math.prod(shape)
     n_threads = resolve_threads(n_threads, count)
@@ -120,7 +137,7 @@ def unpack(buffer: bytes | np.ndarray, dtype: TypeSpec, shape: Shape, *,
         return data.view(etype.dtype.newbyteorder("<")).astype(etype.dtype, copy=True).reshape(shape)
     codes = np.empty(count, dtype=np.uint8)
     _dispatch.run(_dispatch.Path.UNPACK, data, codes, etype.bits, n_threads)
-    if etype.onnx_id == 0 and etype.kind == "integer" and etype.signed:
+    if is_family(etype) and etype.kind == "integer" and etype.signed:
         # family integers are stored as their values: sign-extended
         return etype.code_values(codes).astype(etype.dtype).reshape(shape)
     return codes.view(etype.dtype).reshape(shape)

@@ -272,21 +272,24 @@ def check_float8_encoder(datapath: Datapath, out_type_name: str, where: str) -> 
     return True
 
 
-def integer_op_accumulator(datapath, accumulator: str, where: str) -> str:
-    """The accumulator an integer op runs with: `accumulator=`, or the datapath's (both
-    given and different: a ValueError). MatMulInteger and ConvInteger have no other step a
-    Datapath describes: they ignore its other fields (docs/semantics.md, "which op reads
-    which option")."""
+def integer_op_accumulator(datapath, accumulator: str | None, where: str) -> str:
+    """The accumulator an integer op runs with: `accumulator=` (None: not given), or the
+    datapath's ("int32", ONNX's, where it names none). Both given and different is a
+    ValueError: the op's default is None, not "int32", so that an explicit "int32" beside a
+    datapath's "int16-saturate" is refused rather than overridden. MatMulInteger and
+    ConvInteger have no other step a Datapath describes: they ignore its other fields
+    (docs/semantics.md, "which op reads which option")."""
     datapath = as_datapath(datapath)
-    if datapath.accumulator != ONNX.accumulator:
-        if accumulator != ONNX.accumulator and accumulator != datapath.accumulator:
-            raise ValueError(f"{where}: accumulator={accumulator!r} and datapath accumulator="
-                             f"{datapath.accumulator!r} disagree; give one")
+    if accumulator is None:
         return datapath.accumulator
+    if datapath.accumulator != ONNX.accumulator and accumulator != datapath.accumulator:
+        raise ValueError(f"{where}: accumulator={accumulator!r} and datapath accumulator="
+                         f"{datapath.accumulator!r} disagree; give one")
     return accumulator
 
 
-# The QLinear ops' own default requantization rule (their `requantization=` default).
+# The QLinear ops' own requantization rule where neither `requantization=` nor the datapath
+# names one.
 QLINEAR_DEFAULT_RULE = "exact"
 
 
@@ -296,7 +299,7 @@ QLINEAR_MULTIPLIERS = {None: 0, ("divide", "float32"): 1, ("reciprocal", "float3
                        ("divide", "float64"): 3, ("reciprocal", "float64"): 4}
 
 
-def qlinear_options(datapath, requantization, accumulator: str, where: str):
+def qlinear_options(datapath, requantization: str | None, accumulator: str | None, where: str):
     """QLinearMatMul's and QLinearConv's options under a datapath: (requantization rule,
     accumulator, rounding, nan_to_integer, nan, subnormals, multiplier code). The
     datapath's `requantization` and `accumulator` stand in for the arguments (both given
@@ -310,11 +313,11 @@ def qlinear_options(datapath, requantization, accumulator: str, where: str):
     ValueError (it multiplies in float32)."""
     datapath = as_datapath(datapath)
     accumulator = integer_op_accumulator(datapath, accumulator, where)
-    if datapath.requantization is not None:
-        if (requantization != QLINEAR_DEFAULT_RULE and requantization != datapath.requantization):
-            raise ValueError(f"{where}: requantization={requantization!r} and datapath requantization="
-                             f"{datapath.requantization!r} disagree; give one")
-        requantization = datapath.requantization
+    if requantization is None:
+        requantization = QLINEAR_DEFAULT_RULE if datapath.requantization is None else datapath.requantization
+    elif datapath.requantization is not None and requantization != datapath.requantization:
+        raise ValueError(f"{where}: requantization={requantization!r} and datapath requantization="
+                         f"{datapath.requantization!r} disagree; give one")
     precision = datapath.scale_precision
     if precision == "promoted":
         # The three scales share one type TS (the schema), so numpy's promotion of them is

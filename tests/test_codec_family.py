@@ -548,6 +548,39 @@ def test_unpackable_widths_are_refused():
             qemu_q.pack(np.zeros(4, etype.dtype), dtype=etype)
 
 
+@pytest.mark.parametrize("etype, values, message", [
+    (integer_type(6), [1, 40], "array holds 40, outside int6's range \\[-32, 31\\]"),
+    (integer_type(6), [-40, 1], "array holds -40, outside int6's range"),
+    (integer_type(8, narrow_range=True), [0, -128], "array holds -128, outside int8_narrow's range \\[-127, 127\\]"),
+    (integer_type(6, signed=False), [64], "array holds 64, outside uint6's range \\[0, 63\\]"),
+    (minifloat_type(3, 2, bias=5, inf=True), [0x01, 0x40], "array holds the code 0x40, wider than .* 6 bits"),
+])
+def test_pack_refuses_values_that_are_not_codes(etype, values, message):
+    # packing keeps a field's low bits: 40 in int6 would come back as -24, 0x40 in a 6-bit
+    # minifloat as 0x00
+    array = np.array(values, dtype=etype.dtype)
+    before = array.copy()
+    with pytest.raises(ValueError, match=message):
+        qemu_q.pack(array, dtype=etype)
+    np.testing.assert_array_equal(array, before)
+
+
+@pytest.mark.parametrize("etype, raw, count, message", [
+    (integer_type(2, narrow_range=True), [0b0110], 2, "buffer holds -2, outside int2_narrow's range \\[-1, 1\\]"),
+    (integer_type(4, narrow_range=True), [0x81], 2, "buffer holds -8, outside int4_narrow's range"),
+    (integer_type(8, narrow_range=True), [0x05, 0x80], 2, "buffer holds -128, outside int8_narrow's range"),
+    (integer_type(16, narrow_range=True), [0x00, 0x80], 1, "buffer holds -32768, outside int16_narrow's range"),
+])
+def test_unpack_refuses_fields_that_are_not_codes(etype, raw, count, message):
+    with pytest.raises(ValueError, match=message):
+        qemu_q.unpack(np.array(raw, np.uint8), etype, count)
+    # DequantizeLinear names its own input
+    with pytest.raises(ValueError, match="DequantizeLinear-28 \\(opset 28\\): x holds"):
+        dequantize_linear(np.array(raw, np.uint8), np.float32(1.0), packed=True, dtype=etype, shape=(count,))
+    # every field of the type's range comes back as written: -1, 0, 1 of int2_narrow
+    if etype.bits == 2:
+        assert qemu_q.unpack(np.array([0b00_01_11], np.uint8), etype, 3).tolist() == [-1, 1, 0]
+
 @pytest.mark.parametrize("etype", [integer_type(5), integer_type(12, signed=False), minifloat_type(4, 3, inf=True),
                                    minifloat_type(5, 3, inf=True)])
 def test_thread_count_independence(etype):

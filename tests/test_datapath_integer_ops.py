@@ -53,6 +53,17 @@ def test_datapath_refusals_in_the_integer_ops():
     # the same accumulator given both ways is no conflict
     same = qemu_q.matmul_integer(a, b, accumulator="int16", datapath=qemu_q.Datapath(accumulator="int16"))
     assert same.tolist() == [[2]]
+    # an explicit "int32" is given too: refused beside another datapath accumulator, not
+    # overridden by it (it had been the argument's default, indistinguishable from absent)
+    with pytest.raises(ValueError, match="MatMulInteger: accumulator='int32' and datapath accumulator='int16-saturate'"):
+        qemu_q.matmul_integer(a, b, accumulator="int32", datapath=qemu_q.Datapath(accumulator="int16-saturate"))
+    with pytest.raises(ValueError, match="ConvInteger: accumulator='int32' and datapath accumulator='int24'"):
+        qemu_q.conv_integer(a.reshape(1, 2, 1, 1), b.reshape(1, 2, 1, 1), accumulator="int32",
+                            datapath=qemu_q.Datapath(accumulator="int24"))
+    # a datapath at its default accumulator names none: the argument decides
+    wide = np.full((1, 3), 120, np.int8), np.full((3, 1), 120, np.int8)
+    assert qemu_q.matmul_integer(*wide, accumulator="int16", datapath=qemu_q.Datapath()).tolist() == [[43200 - 65536]]
+    assert qemu_q.matmul_integer(*wide, accumulator=None).tolist() == [[43200]]
 
 
 def test_quantize_linear_ignores_the_accumulator():
@@ -212,7 +223,19 @@ def test_the_datapath_requantization_is_the_argument():
     with pytest.raises(ValueError, match="requantization='float64' and datapath requantization='float32'"):
         qemu_q.qlinear_matmul(a, *args, requantization="float64",
                               datapath=qemu_q.Datapath(requantization="float32"))
+    # an explicit "exact" is given too (None is the argument's default, not "exact")
+    with pytest.raises(ValueError, match="QLinearMatMul: requantization='exact' and datapath requantization='float64'"):
+        qemu_q.qlinear_matmul(a, *ties, requantization="exact", datapath=qemu_q.Datapath(requantization="float64"))
+    with pytest.raises(ValueError, match="QLinearMatMul: accumulator='int32' and datapath accumulator='int16'"):
+        qemu_q.qlinear_matmul(a, *ties, accumulator="int32", datapath=qemu_q.Datapath(accumulator="int16"))
+    assert qemu_q.qlinear_matmul(a, *ties, requantization=None, datapath=qemu_q.Datapath()).tolist() == got["exact"]
+    assert qemu_q.qlinear_matmul(a, *ties, requantization="float64",
+                                 datapath=qemu_q.Datapath(rounding="half_even")).tolist() == got["float64"]
     x = a.reshape(1, 256, 1, 1)[:, :1]
+    with pytest.raises(ValueError, match="QLinearConv: requantization='exact' and datapath"):
+        qemu_q.qlinear_conv(x, np.float32(1.0), np.int8(0), np.ones((1, 1, 1, 1), np.int8), np.float32(1.0),
+                            np.int8(0), np.float32(1.0), np.int8(0), requantization="exact",
+                            datapath=qemu_q.Datapath(requantization="float32"))
     with pytest.raises(ValueError, match="QLinearConv: requantization='float32' and datapath"):
         qemu_q.qlinear_conv(x, np.float32(1.0), np.int8(0), np.ones((1, 1, 1, 1), np.int8), np.float32(1.0),
                             np.int8(0), np.float32(1.0), np.int8(0), requantization="float32",

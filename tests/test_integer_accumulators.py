@@ -354,7 +354,7 @@ def test_threads_and_levels(name):
 
 @pytest.mark.parametrize("bad", ["int64", "int7", "int33", "int0", "int016", "INT16", "int16-sat",
                                  "int16-wrap", "int-16", "int+16", "int 16", "int１６", "saturate", "",
-                                 None, 16, b"int16", "int32-saturate ", "uint16"])
+                                 16, b"int16", "int32-saturate ", "uint16"])
 def test_bad_accumulator_values(bad):
     a, b = np.zeros((2, 3), np.uint8), np.zeros((3, 2), np.int8)
     x, w = np.zeros((1, 1, 3, 3), np.uint8), np.zeros((1, 1, 2, 2), np.int8)

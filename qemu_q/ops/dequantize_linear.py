@@ -299,10 +299,10 @@ def _family_input(x, x_dtype, packed: bool, dtype, shape, opset):
             raise ValueError(f"{where}: packed=True with dtype {etype.name}: codes of {etype.bits} "
                              f"bits have no ONNX raw_data layout; allowed widths "
                              f"{', '.join(map(str, PACKABLE_BITS))}")
-        from .._pack import unpack
+        from .._pack import unpack_fields
 
-        codes = unpack(x, etype, shape)
-        return etype, codes
+        # the codes are checked with the other inputs (check_codes, naming x)
+        return etype, unpack_fields(x, etype, shape, None)
     if x_dtype is None:
         return None
     etype = element_type(x_dtype, "x_dtype")

@@ -171,7 +171,7 @@ def _result_type(result: np.ndarray) -> ElementType:
 @in_default_fp_environment
 def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None,
                    b_zero_point: Array | None = None, *, opset: int | None = None,
-                   accumulator: str = "int32", out: np.ndarray | None = None,
+                   accumulator: str | None = None, out: np.ndarray | None = None,
                    n_threads: int | None = None,
                    datapath: Datapath | None = None) -> np.ndarray:
     """ONNX MatMulInteger-10: int32 (a - a_zero_point) @ (b - b_zero_point), numpy.matmul
@@ -199,14 +199,15 @@ def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None,
 @in_default_fp_environment
 def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_scale: Array,
                    b_zero_point: Array, y_scale: Array, y_zero_point: Array, *,
-                   requantization: str = "exact", accumulator: str = "int32",
+                   requantization: str | None = None, accumulator: str | None = None,
                    opset: int | None = None, out: np.ndarray | None = None,
                    n_threads: int | None = None,
                    datapath: Datapath | None = None,
                    random_bits: np.ndarray | None = None) -> np.ndarray:
     """ONNX QLinearMatMul-10/21: y = saturate(round(acc * a_scale * b_scale / y_scale) +
     y_zero_point) with the int32 accumulator acc of MatMulInteger. `requantization`:
-    "exact" (the real value rounded once, ties to even; the default), "float32"
+    "exact" (the real value rounded once, ties to even; the default where neither it nor the
+    datapath names a rule: None is not given), "float32"
     (onnxruntime's float32 multiplier and product), "float64" (onnx.reference's order).
     float8 operands (opset >= 21) are summed exactly (docs/semantics.md). `datapath` (a
     qemu_q.Datapath) changes the requantization (docs/semantics.md, "The integer ops under
