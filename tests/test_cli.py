@@ -326,6 +326,19 @@ def test_untyped_uint8_needs_x_type(capsys, tmp_path):
     assert_one_line_error(err, code, 2, "--x-type uint4", "says int4")
 
 
+@pytest.mark.parametrize("x_type, stored, message", [
+    ("float4e2m1", [0x07, 0x87], "the uint8 code 0x87 is wider than float4e2m1's 4 bits"),
+    ("float6e2m3", [0x21, 0xA1], "the uint8 code 0xa1 is wider than float6e2m3's 6 bits"),
+    ("int4", [7, 23], "values out of the int4 range [-8, 7]"),
+])
+def test_stored_codes_wider_than_their_type_are_refused(capsys, tmp_path, x_type, stored, message):
+    # a float4 byte 0x87 read by its low bits would be the code 0x7 (6.0): another value
+    np.save(tmp_path / "codes.npy", np.array(stored, np.int8 if x_type == "int4" else np.uint8))
+    np.save(tmp_path / "s.npy", np.float32(1.0))
+    code, _out, err = run(capsys, "dequantize", tmp_path / "codes.npy", tmp_path / "s.npy", "--x-type", x_type)
+    assert_one_line_error(err, code, 1, message)
+
+
 @pytest.mark.parametrize("name, fragments", [
     ("y.npy", ["numpy has no float8e4m3fn dtype", "y.npz", "y.pb", "y.hex"]),
     ("y.txt", ["extension .txt", ".npy, .npz, .pb, .hex"]),

@@ -539,6 +539,11 @@ def test_storage_round_trip():
         assert stored.dtype.type.__module__ == "numpy", name
         back = writers.from_storage(stored, name)
         assert back.dtype == array.dtype and _bits(back) == _bits(array), name
+        if etype.kind != "integer" and etype.bits < 8:
+            # a stored byte with bits above the code is no code of the type
+            wide = np.array([0, 1 << etype.bits], np.uint8)
+            with pytest.raises(ValueError, match=f"code {1 << etype.bits:#x} is wider than {name}'s"):
+                writers.from_storage(wide, name)
 
 
 def test_cases_do_not_depend_on_the_selection():

@@ -89,7 +89,13 @@ def from_storage(array: np.ndarray, type_name: str) -> np.ndarray:
     if array.dtype.itemsize != etype.storage.itemsize or array.dtype.kind not in "uiV":
         raise TypeError(
             f"{type_name} is stored as its {etype.storage} bit patterns, got {array.dtype}")
-    return np.ascontiguousarray(array).view(etype.dtype)
+    codes = np.ascontiguousarray(array).view(etype.storage)
+    if etype.bits < 8 * etype.storage.itemsize and codes.size and int(codes.max()) >> etype.bits:
+        # a float4 / float6 byte with bits above the code: no code of the type (the kernels
+        # would read its low bits, another code), refused as an int4 value out of range is
+        raise ValueError(f"the {etype.storage} code {int(codes.max()):#x} is wider than "
+                         f"{type_name}'s {etype.bits} bits")
+    return codes.view(etype.dtype)
 
 
 def tensor_type(array: np.ndarray) -> ElementType:
