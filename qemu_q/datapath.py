@@ -357,6 +357,9 @@ def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name:
     if random_bits is None:
         raise ValueError(f"datapath.rounding='stochastic' needs random_bits=, a uint32 array of "
                          f"{input_name}'s shape")
+    if isinstance(random_bits, np.generic) and not isinstance(random_bits, np.void):
+        # a numpy scalar, as x may be one: the 0-d array it is
+        random_bits = np.asarray(random_bits)
     if not isinstance(random_bits, np.ndarray):
         raise TypeError(f"random_bits must be a numpy uint32 array of {input_name}'s shape, got "
                         f"{type(random_bits).__name__} {random_bits!r}"[:300])

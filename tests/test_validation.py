@@ -422,8 +422,17 @@ def test_out_overlapping_random_bits_integer_ops():
 
 def test_random_bits_must_be_an_array():
     with pytest.raises(TypeError, match=r"random_bits must be a numpy uint32 array of x's shape, got "
-                                        r"uint32 np.uint32\(7\)"):
-        ql(np.zeros((), F32), one(), datapath=STOCHASTIC, random_bits=np.uint32(7))
+                                        r"int 7"):
+        ql(np.zeros((), F32), one(), datapath=STOCHASTIC, random_bits=7)
+    # a numpy scalar is the 0-d array it is, as for x: 2.5 rounds up with a word of half
+    # (0x80000000 added to the dropped half carries), down with one less
+    x = np.float32(2.5)
+    assert ql(x, one(), np.int8(0), datapath=STOCHASTIC, random_bits=np.uint32(0x80000000)).tolist() == 3
+    assert ql(x, one(), np.int8(0), datapath=STOCHASTIC, random_bits=np.uint32(0x7FFFFFFF)).tolist() == 2
+    with pytest.raises(TypeError, match=r"random_bits must be a numpy uint32 array, got int32"):
+        ql(x, one(), np.int8(0), datapath=STOCHASTIC, random_bits=np.int32(7))
+    with pytest.raises(ValueError, match=r"random_bits has shape \(\); x has shape \(3,\)"):
+        ql(np.zeros(3, F32), one(), datapath=STOCHASTIC, random_bits=np.uint32(7))
     with pytest.raises(TypeError, match=r"random_bits must be a numpy uint32 array, got int32"):
         ql(np.zeros(3, F32), one(), datapath=STOCHASTIC, random_bits=np.zeros(3, np.int32))
 
