@@ -381,6 +381,32 @@ def test_bad_arguments(call, error, text):
     assert (x == 1).all()
 
 
+def test_x_dtype_message_names_float64_only_for_float64():
+    with pytest.raises(TypeError, match=r"x has dtype int32; mx_quantize takes float32, float16 or bfloat16$"):
+        qemu_q.mx_quantize(np.ones(8, np.int32), "float8e4m3fn")
+    with pytest.raises(TypeError, match=r"x has dtype float64; .*float64 would be rounded before the scale"):
+        qemu_q.mx_quantize(np.ones(8), "float8e4m3fn")
+
+
+@pytest.mark.parametrize("fraction, codes", [
+    # amax = fraction * 2**-127, a float32 subnormal; MXINT8's max_elem is 127/64. The
+    # scale codes under floor, ceil, even, rceil: 0 is 2**-127, 1 is 2**-126
+    (Fraction(5, 4), (0, 1, 0, 0)),
+    (Fraction(127, 64), (0, 1, 0, 0)),                         # amax = max_elem * 2**-127
+    (Fraction(127, 64) + Fraction(1, 2**22), (0, 1, 0, 1)),    # one subnormal ulp above
+    (Fraction(255, 128) - Fraction(1, 2**22), (0, 1, 0, 1)),   # 6 fraction bits round down
+    (Fraction(255, 128), (0, 1, 1, 1)),                        # the tie carries (odd last bit)
+    (Fraction(2) - Fraction(1, 2**22), (0, 1, 1, 1)),
+])
+def test_mxint8_scale_of_a_subnormal_amax(fraction, codes):
+    mantissa = fraction * 2**22  # the subnormal's integer significand: amax = mantissa * 2**-149
+    assert mantissa.denominator == 1
+    x = np.array([int(mantissa)], np.uint32).view(np.float32)
+    got = tuple(int(qemu_q.mx_quantize(x, "int8", block_size=1, scale_rule=rule)[1].view(np.uint8)[0])
+                for rule in ("floor", "ceil", "even", "rceil"))
+    assert got == codes
+
+
 # --- levels, layouts, hostile values ----------------------------------------------------------------
 
 def test_every_instruction_set_level_gives_the_same_bits():

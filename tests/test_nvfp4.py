@@ -379,6 +379,8 @@ def test_global_scale_function_matches_quantize():
     (dict(block_shape=(1, 32)), ValueError, ["block_shape=(1, 32)", "(16, 16)"]),
     (dict(block_shape="x"), TypeError, ["block_shape"]),
     (dict(global_amax=-1.0), ValueError, ["global_amax=-1.0", "negative"]),
+    (dict(global_amax=np.float32(-0.0)), ValueError, ["global_amax=-0.0", "+0.0 not -0.0"]),
+    (dict(global_amax=-0.0, recipe="torchao"), ValueError, ["global_amax=-0.0"]),
     (dict(global_amax=0.1), ValueError, ["global_amax=0.1", "float32"]),
     (dict(global_amax="1"), TypeError, ["global_amax"]),
     (dict(out=np.empty(3)), TypeError, ["out must be None or a tuple"]),

@@ -168,8 +168,10 @@ def mx_quantize_plan(x_signature, element_name, axis, block_size, scale_rule, pa
     dtype, shape = x_signature
     x_type = _X_TYPES.get(np.dtype(dtype))
     if x_type is None:
-        raise TypeError(f"x has dtype {np.dtype(dtype)}; mx_quantize takes float32, float16 or bfloat16 "
-                        f"(float64 would be rounded before the scale is chosen)")
+        why = (" (float64 would be rounded before the scale is chosen)" if np.dtype(dtype) == np.float64
+               else "")
+        raise TypeError(f"x has dtype {np.dtype(dtype)}; mx_quantize takes float32, float16 or "
+                        f"bfloat16{why}")
     e = MX_ELEMENTS[element_name]
     axis = _axis(axis, len(shape))
     block_size = _block_size(block_size)

@@ -151,8 +151,11 @@ def _global_amax(value) -> float:
     as_f32 = np.float32(number)
     if not (math.isnan(number) or float(as_f32) == number):
         raise ValueError(f"global_amax={number!r} is not a float32 value; pass np.float32(...) to round it yourself")
-    if number < 0:
-        raise ValueError(f"global_amax={number!r} is negative; an amax is >= 0 (NaN and inf allowed: each recipe defines them)")
+    if number < 0 or (number == 0 and math.copysign(1.0, number) < 0):
+        # -0.0 too: no amax is -0, and the recipes' arithmetic would carry its sign
+        # (torchao: 1 / -0 = -inf, every code's sign flipped)
+        raise ValueError(f"global_amax={number!r} is negative; an amax is >= 0, +0.0 not -0.0 "
+                         "(NaN and inf allowed: each recipe defines them)")
     return float(as_f32)
 
 
