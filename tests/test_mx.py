@@ -381,6 +381,28 @@ def test_bad_arguments(call, error, text):
     assert (x == 1).all()
 
 
+def test_out_overlapping_an_input_or_the_other_output_is_refused():
+    x = np.ones((2, 64), np.float32)
+    x_bytes = x.view(np.uint8).reshape(-1)
+    codes = np.empty((2, 64), np.int8)
+    scales = np.empty((2, 2), ml_dtypes.float8_e8m0fnu)
+    words = np.zeros((2, 64), np.uint32)
+    stochastic = qemu_q.Datapath(rounding="stochastic")
+    cases = [
+        ((x_bytes[:128].view(np.int8).reshape(2, 64), scales), {}, "out: the codes overlap x"),
+        ((codes, x_bytes[:4].view(ml_dtypes.float8_e8m0fnu).reshape(2, 2)), {}, "out: the scales overlap x"),
+        ((codes, codes.view(np.uint8).reshape(-1)[:4].view(ml_dtypes.float8_e8m0fnu).reshape(2, 2)), {},
+         "out: the scales overlap codes"),
+        ((words.view(np.int8).reshape(-1)[:128].reshape(2, 64), scales),
+         dict(datapath=stochastic, random_bits=words), "out: the codes overlap random_bits"),
+    ]
+    for out, extra, text in cases:
+        before = x.copy(), words.copy()
+        with pytest.raises(ValueError, match=text):
+            qemu_q.mx_quantize(x, "int8", out=out, **extra)
+        assert (x == before[0]).all() and (words == before[1]).all()
+
+
 def test_x_dtype_message_names_float64_only_for_float64():
     with pytest.raises(TypeError, match=r"x has dtype int32; mx_quantize takes float32, float16 or bfloat16$"):
         qemu_q.mx_quantize(np.ones(8, np.int32), "float8e4m3fn")

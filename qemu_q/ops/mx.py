@@ -213,7 +213,7 @@ def _prepare(out_array, shape, dtype, what: str, inputs) -> np.ndarray:
         raise ValueError(f"out: the {what} must be C-contiguous and writeable")
     for name, array in inputs:
         if array is not None and np.may_share_memory(out_array, array):
-            raise ValueError(f"out: the {what} overlaps {name}; mx_quantize does not work in place")
+            raise ValueError(f"out: the {what} overlap {name}; mx_quantize does not work in place")
     return out_array
 
 
