@@ -21,6 +21,7 @@ from _codecs cimport (
     double_bits, bits_double, float_bits, select_i32, select_i64, select_f64, stochastic_carry_f64,
     product_residual_f32, product_overshoot_f32,
     float16_bits_of_value, bfloat16_bits_of_value, flush_subnormal_f32, flush_subnormal_f64,
+    float_to_float16_rne, float_to_bfloat16_rne,
 )
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
@@ -194,6 +195,10 @@ cdef struct DequantizePlan:
     # The datapath's vectorized loops (8- and 16-bit integer codes, 8-bit small floats):
     # the exact products staged (datapath_products), then rounded by round_loop.
     bint fast_datapath
+    # ... of which the default datapath into float16 / bfloat16 where every product of an
+    # 8-bit code and a scale of the output type is a float32 (set by the caller, which
+    # knows the types): the product in float32, rounded once on its bits (half_exact_run)
+    bint half_from_float32
     int32_t code_wrap          # added to a negative sign-extended code of an unsigned type
     datapath_round_loop round_loop
     DatapathRounding round_fields
@@ -740,6 +745,69 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
             offset += k
 
 
+cdef inline uint16_t half_exact_small(uint8_t code, float s, float z, const SmallFloat32Decoder* dec,
+                                      bint bfloat16) noexcept nogil:
+    # a NaN code wins over a NaN scale (the select: the product's operand order is the
+    # compiler's)
+    cdef float d = decode_small_float32(code, dec) - z
+    cdef float v = select_f32(d == d, d * s, d)
+    return float_to_bfloat16_rne(v) if bfloat16 else float_to_float16_rne(v)
+
+
+cdef inline uint16_t half_exact_integer(uint8_t code, float s, float z, int shift, int32_t wrap,
+                                        bint bfloat16) noexcept nogil:
+    cdef int32_t c = integer_code(code, shift, True)
+    cdef float v = (<float>(c + ((c >> 31) & wrap)) - z) * s
+    return float_to_bfloat16_rne(v) if bfloat16 else float_to_float16_rne(v)
+
+
+cdef inline void half_exact_run(const uint8_t* x, uint16_t* y, Py_ssize_t n, const double* scale,
+                                const double* zero_point, bint params_vary,
+                                const DequantizePlan* p) noexcept nogil:
+    # The default datapath into float16 / bfloat16 (p.half_from_float32): d = x -
+    # zero_point and d * s are exact in float32 here (the caller's condition: the code's
+    # and the scale's significant bits fit in 24 and their last bits' product is at least
+    # 2**-149; a product beyond float32's range is beyond the output's too), so
+    # float_to_float16_rne / float_to_bfloat16_rne of the float32 product is its one
+    # rounding to nearest even, NaN for NaN: the bits of datapath_products and the
+    # half_even round loop, whose double product is the same value. One loop per code
+    # kind, output format and parameter layout (with either a run-time value inside, GCC
+    # left the float16 loop scalar).
+    cdef Py_ssize_t i
+    cdef float s = <float>scale[0]
+    cdef float z = <float>zero_point[0]
+    cdef int shift = p.code_shift
+    cdef int32_t wrap = p.code_wrap
+    cdef SmallFloat32Decoder dec = p.decoder
+    if p.small_float_bytes:
+        if p.out_format == FMT_BFLOAT16:
+            if params_vary:
+                for i in range(n):
+                    y[i] = half_exact_small(x[i], <float>scale[i], <float>zero_point[i], &dec, True)
+            else:
+                for i in range(n):
+                    y[i] = half_exact_small(x[i], s, z, &dec, True)
+        elif params_vary:
+            for i in range(n):
+                y[i] = half_exact_small(x[i], <float>scale[i], <float>zero_point[i], &dec, False)
+        else:
+            for i in range(n):
+                y[i] = half_exact_small(x[i], s, z, &dec, False)
+    elif p.out_format == FMT_BFLOAT16:
+        if params_vary:
+            for i in range(n):
+                y[i] = half_exact_integer(x[i], <float>scale[i], <float>zero_point[i], shift, wrap, True)
+        else:
+            for i in range(n):
+                y[i] = half_exact_integer(x[i], s, z, shift, wrap, True)
+    elif params_vary:
+        for i in range(n):
+            y[i] = half_exact_integer(x[i], <float>scale[i], <float>zero_point[i], shift, wrap, False)
+    else:
+        for i in range(n):
+            y[i] = half_exact_integer(x[i], s, z, shift, wrap, False)
+
+
 cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
                                      Py_ssize_t end, const DequantizePlan* p) noexcept nogil:
     # dequantize_range under a fast datapath: the segments' products gathered in chunks
@@ -755,6 +823,15 @@ cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssiz
         if p.fused_f32:
             datapath_fused_f32_range(x, y, start, end, p)
             return
+    else:
+        if dq_code_t is uint8_t:
+            if p.half_from_float32:
+                cursor_at(&p.layout, start, end, &c)
+                while next_segment(&p.layout, &c, &seg):
+                    half_exact_run(x + (seg.start - start), y + (seg.start - start), seg.length,
+                                   p.scale + seg.param_index, p.zero_point + seg.param_index,
+                                   seg.params_vary, p)
+                return
     cursor_at(&p.layout, start, end, &c)
     while next_segment(&p.layout, &c, &seg):
         offset = 0
@@ -975,7 +1052,8 @@ cdef class DequantizeConfig:
                  int out_format, bint fast, bint float32_parameters, bint datapath=False,
                  int rounding=DP_HALF_EVEN, int scale_precision=0, bint flush_inputs=False,
                  bint flush_outputs=False, bint canonical_nan=False, double x_min_normal=0.0,
-                 double scale_min_normal=0.0, bint fast_datapath=False, bint fused_fallback=True):
+                 double scale_min_normal=0.0, bint fast_datapath=False, bint fused_fallback=True,
+                 bint half_from_float32=False):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if table.shape[0] != 256:
@@ -1001,6 +1079,11 @@ cdef class DequantizeConfig:
                                                 or (code_size == 2 and small_float_id < 0))):
             raise ValueError("the fast datapath loops take 8- and 16-bit integer codes and 8-bit "
                              "small floats under a datapath")
+        if half_from_float32 and not (fast_datapath and code_size == 1 and out_format != FMT_FLOAT32
+                                      and rounding == DP_HALF_EVEN and scale_precision == 0
+                                      and not (flush_inputs or flush_outputs or canonical_nan)):
+            raise ValueError("the float32 products into float16 / bfloat16 are the default datapath's, "
+                             "for 8-bit codes on the fast datapath loops")
         if outer < 0 or axis_len < 0 or inner < 0:
             raise ValueError("outer, axis_len and inner must be >= 0")
         if outer and inner and axis_len > (<Py_ssize_t>1 << 62) // outer // inner:
@@ -1039,6 +1122,7 @@ cdef class DequantizeConfig:
         p.scale_min_normal = scale_min_normal if datapath else 0.0
         p.random_bits = NULL
         p.fast_datapath = fast_datapath
+        p.half_from_float32 = half_from_float32
         p.code_wrap = 0
         if code_size == 1 and self.plan.integer_bytes and not integer_signed:
             p.code_wrap = 1 << integer_bits
@@ -1107,6 +1191,11 @@ cdef class DequantizeConfig:
     def fast_datapath(self):
         """Whether the datapath runs on the vectorized loops (else the general one)."""
         return bool(self.plan.fast_datapath)
+
+    @property
+    def half_from_float32(self):
+        """Whether float16 / bfloat16 outputs round float32 products (half_exact_run)."""
+        return bool(self.plan.half_from_float32)
 
     @property
     def fused_float32(self):

@@ -459,15 +459,61 @@ def test_the_default_into_half_formats_equals_the_onnx_kernels(scale_dtype):
         (np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e5m2), [None]),
         (np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fnuz), [None]),
     ]
-    for codes, zero_points in kinds:
-        x = np.repeat(codes[:, None], scales.size, axis=1)
-        for zp in zero_points:
-            z = None if zp is None else np.full(scales.size, zp, dtype=codes.dtype)
-            want = general(x, scales, z, axis=1)
-            got = qemu_q.dequantize_linear(x, scales, z, axis=1, n_threads=2)
-            mismatch = np.argwhere(bits(got) != bits(want))
-            assert mismatch.size == 0, (codes.dtype, zp, [(codes[i], hex(int(bits(scales)[j])), hex(int(bits(got)[i, j])),
-                                                           hex(int(bits(want)[i, j]))) for i, j in mismatch[:4]])
+    kinds += [(np.arange(256, dtype=np.uint8).view(dtype), [None])
+              for dtype in (ml_dtypes.float8_e5m2fnuz, ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn,
+                            ml_dtypes.float6_e3m2fn)]
+    kinds += [(np.arange(-2, 2).astype(ml_dtypes.int2), [ml_dtypes.int2(-2), ml_dtypes.int2(1)]),
+              (np.arange(16).astype(ml_dtypes.uint4), [ml_dtypes.uint4(15)])]
+    level = _kernels.active.level
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            for codes, zero_points in kinds:
+                x = np.repeat(codes[:, None], scales.size, axis=1)
+                for zp in zero_points:
+                    z = None if zp is None else np.full(scales.size, zp, dtype=codes.dtype)
+                    want = general(x, scales, z, axis=1)
+                    # per axis (a scale per element) and per tensor (one scale per call)
+                    got = qemu_q.dequantize_linear(x, scales, z, axis=1, n_threads=2)
+                    mismatch = np.argwhere(bits(got) != bits(want))
+                    assert mismatch.size == 0, (lv, codes.dtype, zp, [
+                        (codes[i], hex(int(bits(scales)[j])), hex(int(bits(got)[i, j])),
+                         hex(int(bits(want)[i, j]))) for i, j in mismatch[:4]])
+                    for j in (0x0001, 0x3555, 0x7BFF, 0x8400, 0xFC00, 0x7E01):
+                        one = qemu_q.dequantize_linear(codes, scales[j], None if zp is None else zp)
+                        assert bits(one).tolist() == bits(want[:, j]).tolist(), (lv, codes.dtype, zp, hex(j))
+    finally:
+        _kernels.use(level)
+
+
+@pytest.mark.parametrize("scale_dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_which_codes_round_float32_products_into_half_formats(scale_dtype):
+    # The default into float16 / bfloat16 rounds a float32 product (half_exact_run) where
+    # every product of a code and a scale of scale_dtype is a float32: at most 24
+    # significant bits between them (8-bit integers: 8; float8 e4m3: 4; the scales 11 and
+    # 8), and their last bits' product at least 2**-149 (float16 scales from 2**-24,
+    # bfloat16 ones from 2**-133; e5m2fnuz's smallest code is 2**-17, e8m0's 2**-127)
+    float16 = scale_dtype is np.float16
+    expected = {np.int8: True, np.uint8: True, ml_dtypes.int4: True, ml_dtypes.uint2: True,
+                ml_dtypes.float8_e4m3fn: True, ml_dtypes.float8_e5m2: True,  # 2**-16 * 2**-133
+                ml_dtypes.float8_e4m3fnuz: True, ml_dtypes.float8_e5m2fnuz: float16,
+                ml_dtypes.float4_e2m1fn: True, ml_dtypes.float6_e3m2fn: True,
+                np.int16: False, np.uint16: False}
+    for x_dtype, takes in expected.items():
+        config = config_of(x_dtype, qemu_q.Datapath(), scale_dtype)[1]
+        assert config.fast_datapath and config.half_from_float32 == takes, x_dtype
+    # a datapath other than the default keeps the double products and their round loops
+    for datapath in (qemu_q.Datapath(rounding="half_away"), qemu_q.Datapath(subnormals="flush_outputs"),
+                     qemu_q.Datapath(nan="canonical")):
+        assert not config_of(np.int8, datapath, scale_dtype)[1].half_from_float32, datapath
+    # float32 scales (24 bits): their products with int8 codes are not float32s
+    from qemu_q import _coerce
+
+    plan = dq_module().dequantize_plan(None, (np.dtype(np.int8), (4,)), (np.dtype(np.float32), ()), None,
+                                       1, 0, _coerce.output_dtype("float16" if float16 else "bfloat16"),
+                                       _dispatch.FAST_KERNELS, qemu_q.Datapath())
+    assert plan.out_type.name == ("float16" if float16 else "bfloat16")
+    assert not plan.kernel_config().half_from_float32
 
 
 def test_the_plan_names_the_one_pass_loops():

@@ -75,6 +75,42 @@ def datapath_reads(datapath: Datapath) -> Datapath:
                     subnormals=datapath.subnormals)
 
 
+# Scale types of at most 11 significant bits: (significant bits, the smallest last bit of a
+# value: the smallest subnormal)
+_HALF_SCALES = {"float16": (11, 2.0 ** -24), "bfloat16": (8, 2.0 ** -133)}
+
+
+@lru_cache(maxsize=128)
+def _float32_products(x_type: ElementType, scale_type: ElementType) -> bool:
+    """Whether (x - zero_point) * scale is a float32 for every 8-bit code of x_type and
+    every scale value of scale_type (docs/semantics.md, "DequantizeLinear"): the significant
+    bits of d and of the scale fit in float32's 24, and the product of their last bits is
+    at least float32's smallest subnormal 2**-149 (a product beyond float32's range is
+    beyond every output's). d is an integer of at most 8 bits (x - zero_point of an 8-bit
+    integer code: |d| <= 255), or a small-float code's value (its zero point is +-0), read
+    off the decode table."""
+    if scale_type.name not in _HALF_SCALES or x_type.storage.itemsize != 1:
+        return False
+    scale_bits, scale_last_bit = _HALF_SCALES[scale_type.name]
+    if x_type.kind == "integer":
+        code_bits, code_last_bit = 8, 1.0
+    elif x_type.kind == "small_float":
+        from fractions import Fraction
+
+        table = family_decode_table(x_type) if is_family(x_type) else decode_table(x_type.name)
+        code_bits, code_last_bit = 0, math.inf
+        for value in map(float, table):
+            if value == 0 or not math.isfinite(value):
+                continue
+            numerator, denominator = Fraction(abs(value)).as_integer_ratio()
+            trailing = (numerator & -numerator).bit_length() - 1
+            code_bits = max(code_bits, (numerator >> trailing).bit_length())
+            code_last_bit = min(code_last_bit, 2.0 ** trailing / denominator)
+    else:
+        return False
+    return code_bits + scale_bits <= 24 and code_last_bit * scale_last_bit >= 2.0 ** -149
+
+
 def _small_float_min_normal(x_type) -> float:
     if is_family(x_type):
         # a family minifloat's smallest normal: exponent field 1, 2^(1 - bias)
@@ -180,6 +216,10 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                       else 0.0),
         scale_min_normal=_SCALE_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
         fast_datapath=fast_datapath,
+        # the default into float16 / bfloat16, where every product is a float32: rounded
+        # from float32 on its bits (pyx/_dequantize.pyx, half_exact_run)
+        half_from_float32=(fast_datapath and datapath == ONNX and out_type.value_format != FMT_FLOAT32
+                           and _float32_products(x_type, scale_type)),
     )
     return DequantizePlan(where, x_type, out_type, tuple(fields.items()))
 
