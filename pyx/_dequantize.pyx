@@ -82,6 +82,9 @@ cdef enum:
 
 
 include "_dequantize_datapath_loops.pxi"
+# Cast's float32 -> float16 / bfloat16 datapath loops (run_cast_half), which round the
+# float32 products of half_products_run
+include "_cast_loops.pxi"
 
 
 # Storage of DequantizeLinear's x: 8-bit codes of every kind (decoded through a 256-entry
@@ -195,10 +198,12 @@ cdef struct DequantizePlan:
     # The datapath's vectorized loops (8- and 16-bit integer codes, 8-bit small floats):
     # the exact products staged (datapath_products), then rounded by round_loop.
     bint fast_datapath
-    # ... of which the default datapath into float16 / bfloat16 where every product of an
-    # 8-bit code and a scale of the output type is a float32 (set by the caller, which
-    # knows the types): the product in float32, rounded once on its bits (half_exact_run)
+    # ... of which those into float16 / bfloat16 where every product of an 8-bit code and
+    # a scale is a float32 (set by the caller, which knows the types): the products in
+    # float32, rounded by Cast's loops (half_products_run)
     bint half_from_float32
+    CastSmallFloatDatapath half_cast  # their fields: no input flush (the codes' and the
+    int32_t half_nan_keep             # scales' are the product's), the output flush; the NaN mask
     int32_t code_wrap          # added to a negative sign-extended code of an unsigned type
     datapath_round_loop round_loop
     DatapathRounding round_fields
@@ -745,67 +750,60 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
             offset += k
 
 
-cdef inline uint16_t half_exact_small(uint8_t code, float s, float z, const SmallFloat32Decoder* dec,
-                                      bint bfloat16) noexcept nogil:
-    # a NaN code wins over a NaN scale (the select: the product's operand order is the
-    # compiler's)
-    cdef float d = decode_small_float32(code, dec) - z
-    cdef float v = select_f32(d == d, d * s, d)
-    return float_to_bfloat16_rne(v) if bfloat16 else float_to_float16_rne(v)
-
-
-cdef inline uint16_t half_exact_integer(uint8_t code, float s, float z, int shift, int32_t wrap,
-                                        bint bfloat16) noexcept nogil:
-    cdef int32_t c = integer_code(code, shift, True)
-    cdef float v = (<float>(c + ((c >> 31) & wrap)) - z) * s
-    return float_to_bfloat16_rne(v) if bfloat16 else float_to_float16_rne(v)
-
-
-cdef inline void half_exact_run(const uint8_t* x, uint16_t* y, Py_ssize_t n, const double* scale,
-                                const double* zero_point, bint params_vary,
-                                const DequantizePlan* p) noexcept nogil:
-    # The default datapath into float16 / bfloat16 (p.half_from_float32): d = x -
-    # zero_point and d * s are exact in float32 here (the caller's condition: the code's
-    # and the scale's significant bits fit in 24 and their last bits' product is at least
-    # 2**-149; a product beyond float32's range is beyond the output's too), so
-    # float_to_float16_rne / float_to_bfloat16_rne of the float32 product is its one
-    # rounding to nearest even, NaN for NaN: the bits of datapath_products and the
-    # half_even round loop, whose double product is the same value. One loop per code
-    # kind, output format and parameter layout (with either a run-time value inside, GCC
-    # left the float16 loop scalar).
-    cdef Py_ssize_t i
-    cdef float s = <float>scale[0]
+cdef inline void half_products_run(const uint8_t* x, uint16_t* y, Py_ssize_t n, Py_ssize_t first,
+                                  const double* scale, const double* zero_point, bint params_vary,
+                                  const DequantizePlan* p) noexcept nogil:
+    # Into float16 / bfloat16 where every product of a code and a scale is a float32
+    # (p.half_from_float32: the caller's condition, that the code's and the scale's
+    # significant bits fit in 24 and their last bits' product is at least 2**-149; a
+    # product beyond float32's range is beyond the output's too): the products formed in
+    # float32 with datapath_products' input flushes and NaN order (a NaN code wins over a
+    # NaN scale: a select, the product's operand order being the compiler's), in pieces of
+    # DATAPATH_CHUNK, each rounded by Cast's loop of the mode (run_cast_half; the default's
+    # is Cast's default conversion). The product being exact, its rounding to float32 or
+    # float64 first (scale_precision) is itself, and Cast's rounding of a float32 value is
+    # the datapath's of the exact product: the stochastic word's window is floor(frac *
+    # 2**32) of the same dropped bits, a result beyond the largest finite is inf on the
+    # rounded value, the output flush is on the rounded value, NaN keeps its sign and
+    # payload's leading bits (or the canonical code). The double products and their round
+    # loops (datapath_products, round_products) took 2 ns an element.
+    cdef float products[DATAPATH_CHUNK]
+    cdef Py_ssize_t i, piece, k
+    cdef float scale_min = <float>p.scale_min_normal if p.flush_inputs else <float>0.0
+    cdef float x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
+    cdef float s = flush_subnormal_f32(<float>scale[0], scale_min)
     cdef float z = <float>zero_point[0]
+    cdef float d
     cdef int shift = p.code_shift
     cdef int32_t wrap = p.code_wrap
+    cdef int32_t c
     cdef SmallFloat32Decoder dec = p.decoder
-    if p.small_float_bytes:
-        if p.out_format == FMT_BFLOAT16:
+    cdef const uint32_t* words
+    piece = 0
+    while piece < n:
+        k = min(n - piece, <Py_ssize_t>DATAPATH_CHUNK)
+        if p.small_float_bytes:
             if params_vary:
-                for i in range(n):
-                    y[i] = half_exact_small(x[i], <float>scale[i], <float>zero_point[i], &dec, True)
+                for i in range(k):
+                    d = flush_subnormal_f32(decode_small_float32(x[piece + i], &dec), x_min) - <float>zero_point[piece + i]
+                    products[i] = select_f32(d == d, d * flush_subnormal_f32(<float>scale[piece + i], scale_min), d)
             else:
-                for i in range(n):
-                    y[i] = half_exact_small(x[i], s, z, &dec, True)
+                for i in range(k):
+                    d = flush_subnormal_f32(decode_small_float32(x[piece + i], &dec), x_min) - z
+                    products[i] = select_f32(d == d, d * s, d)
         elif params_vary:
-            for i in range(n):
-                y[i] = half_exact_small(x[i], <float>scale[i], <float>zero_point[i], &dec, False)
+            for i in range(k):
+                c = integer_code(x[piece + i], shift, True)
+                products[i] = ((<float>(c + ((c >> 31) & wrap)) - <float>zero_point[piece + i])
+                               * flush_subnormal_f32(<float>scale[piece + i], scale_min))
         else:
-            for i in range(n):
-                y[i] = half_exact_small(x[i], s, z, &dec, False)
-    elif p.out_format == FMT_BFLOAT16:
-        if params_vary:
-            for i in range(n):
-                y[i] = half_exact_integer(x[i], <float>scale[i], <float>zero_point[i], shift, wrap, True)
-        else:
-            for i in range(n):
-                y[i] = half_exact_integer(x[i], s, z, shift, wrap, True)
-    elif params_vary:
-        for i in range(n):
-            y[i] = half_exact_integer(x[i], <float>scale[i], <float>zero_point[i], shift, wrap, False)
-    else:
-        for i in range(n):
-            y[i] = half_exact_integer(x[i], s, z, shift, wrap, False)
+            for i in range(k):
+                c = integer_code(x[piece + i], shift, True)
+                products[i] = (<float>(c + ((c >> 31) & wrap)) - z) * s
+        words = p.random_bits + first + piece if p.random_bits != NULL else NULL
+        run_cast_half(products, y + piece, k, words, p.rounding, p.out_format == FMT_BFLOAT16,
+                      &p.half_cast, p.half_nan_keep)
+        piece += k
 
 
 cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssize_t start,
@@ -828,9 +826,9 @@ cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssiz
             if p.half_from_float32:
                 cursor_at(&p.layout, start, end, &c)
                 while next_segment(&p.layout, &c, &seg):
-                    half_exact_run(x + (seg.start - start), y + (seg.start - start), seg.length,
-                                   p.scale + seg.param_index, p.zero_point + seg.param_index,
-                                   seg.params_vary, p)
+                    half_products_run(x + (seg.start - start), y + (seg.start - start), seg.length,
+                                      seg.start, p.scale + seg.param_index, p.zero_point + seg.param_index,
+                                      seg.params_vary, p)
                 return
     cursor_at(&p.layout, start, end, &c)
     while next_segment(&p.layout, &c, &seg):
@@ -1079,11 +1077,9 @@ cdef class DequantizeConfig:
                                                 or (code_size == 2 and small_float_id < 0))):
             raise ValueError("the fast datapath loops take 8- and 16-bit integer codes and 8-bit "
                              "small floats under a datapath")
-        if half_from_float32 and not (fast_datapath and code_size == 1 and out_format != FMT_FLOAT32
-                                      and rounding == DP_HALF_EVEN and scale_precision == 0
-                                      and not (flush_inputs or flush_outputs or canonical_nan)):
-            raise ValueError("the float32 products into float16 / bfloat16 are the default datapath's, "
-                             "for 8-bit codes on the fast datapath loops")
+        if half_from_float32 and not (fast_datapath and code_size == 1 and out_format != FMT_FLOAT32):
+            raise ValueError("the float32 products into float16 / bfloat16 are for 8-bit codes on "
+                             "the fast datapath loops")
         if outer < 0 or axis_len < 0 or inner < 0:
             raise ValueError("outer, axis_len and inner must be >= 0")
         if outer and inner and axis_len > (<Py_ssize_t>1 << 62) // outer // inner:
@@ -1123,6 +1119,9 @@ cdef class DequantizeConfig:
         p.random_bits = NULL
         p.fast_datapath = fast_datapath
         p.half_from_float32 = half_from_float32
+        p.half_cast.x_min_normal = <float>0.0
+        p.half_cast.flush_outputs = p.flush_outputs
+        p.half_nan_keep = <int32_t>p.nan_bits if p.canonical_nan else 0xFFFF
         p.code_wrap = 0
         if code_size == 1 and self.plan.integer_bytes and not integer_signed:
             p.code_wrap = 1 << integer_bits
@@ -1194,7 +1193,8 @@ cdef class DequantizeConfig:
 
     @property
     def half_from_float32(self):
-        """Whether float16 / bfloat16 outputs round float32 products (half_exact_run)."""
+        """Whether float16 / bfloat16 outputs round float32 products by Cast's loops
+        (half_products_run)."""
         return bool(self.plan.half_from_float32)
 
     @property

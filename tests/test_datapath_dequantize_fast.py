@@ -486,10 +486,59 @@ def test_the_default_into_half_formats_equals_the_onnx_kernels(scale_dtype):
         _kernels.use(level)
 
 
+HALF_OPTIONS = [{"rounding": mode} for mode in ("half_away", "half_up", "half_down", "toward_zero", "down",
+                                                "up", "to_odd", "stochastic")] + [
+    {"subnormals": "flush_inputs"}, {"subnormals": "flush_outputs"}, {"subnormals": "flush_both"},
+    {"nan": "canonical"}, {"scale_precision": "float32"}, {"scale_precision": "float64"},
+    {"rounding": "stochastic", "subnormals": "flush_both", "nan": "canonical"}]
+
+
+@pytest.mark.parametrize("scale_dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_the_options_into_half_formats_equal_the_general_loop(scale_dtype):
+    # Every option on the float32 products and Cast's loops (half_products_run) against
+    # the general loop's exact double products: every code of int8 (zero point 3), uint8
+    # (255), float8e4m3fn, float8e5m2 and uint4 times every third float16 / bfloat16 scale
+    # pattern (ties, subnormal results, overflow, NaN payloads, zeros of either sign) per
+    # axis, and six scales per tensor, at each level; stochastic words at random.
+    scales = np.arange(65536, dtype=np.uint16)[::3].view(scale_dtype)
+    rng = np.random.default_rng(17)
+    kinds = [(np.arange(-128, 128, dtype=np.int8), np.int8(3)), (np.arange(256, dtype=np.uint8), np.uint8(255)),
+             (np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn), None),
+             (np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e5m2), None),
+             (np.arange(16).astype(ml_dtypes.uint4), None)]
+    level = _kernels.active.level
+    try:
+        for lv in LEVELS:
+            _kernels.use(lv)
+            for codes, zp in kinds:
+                x = np.repeat(codes[:, None], scales.size, axis=1)
+                z = None if zp is None else np.full(scales.size, zp, dtype=codes.dtype)
+                words = rng.integers(0, 2**32, x.shape, dtype=np.uint32)
+                for fields in HALF_OPTIONS:
+                    datapath = qemu_q.Datapath(**fields)
+                    kw = dict(datapath=datapath)
+                    if datapath.rounding == "stochastic":
+                        kw["random_bits"] = words
+                    want = general(x, scales, z, axis=1, **kw)
+                    got = qemu_q.dequantize_linear(x, scales, z, axis=1, n_threads=2, **kw)
+                    mismatch = np.argwhere(bits(got) != bits(want))
+                    assert mismatch.size == 0, (lv, codes.dtype, fields, [
+                        (codes[i], hex(int(bits(scales)[j])), hex(int(bits(got)[i, j])),
+                         hex(int(bits(want)[i, j]))) for i, j in mismatch[:4]])
+                    for j in (1, 0x1555, 0x2AAA, 0x3FFF, 0x5000):
+                        if datapath.rounding == "stochastic":
+                            kw["random_bits"] = np.ascontiguousarray(words[:, j])
+                        one = qemu_q.dequantize_linear(codes, scales[j], zp, **kw)
+                        assert bits(one).tolist() == bits(want[:, j]).tolist(), (lv, codes.dtype, fields, j)
+    finally:
+        _kernels.use(level)
+
+
 @pytest.mark.parametrize("scale_dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
 def test_which_codes_round_float32_products_into_half_formats(scale_dtype):
-    # The default into float16 / bfloat16 rounds a float32 product (half_exact_run) where
-    # every product of a code and a scale of scale_dtype is a float32: at most 24
+    # Into float16 / bfloat16 the fast loops round float32 products by Cast's loops
+    # (half_products_run) where every product of a code and a scale of scale_dtype is a
+    # float32, whatever the datapath: at most 24
     # significant bits between them (8-bit integers: 8; float8 e4m3: 4; the scales 11 and
     # 8), and their last bits' product at least 2**-149 (float16 scales from 2**-24,
     # bfloat16 ones from 2**-133; e5m2fnuz's smallest code is 2**-17, e8m0's 2**-127)
@@ -500,12 +549,10 @@ def test_which_codes_round_float32_products_into_half_formats(scale_dtype):
                 ml_dtypes.float4_e2m1fn: True, ml_dtypes.float6_e3m2fn: True,
                 np.int16: False, np.uint16: False}
     for x_dtype, takes in expected.items():
-        config = config_of(x_dtype, qemu_q.Datapath(), scale_dtype)[1]
-        assert config.fast_datapath and config.half_from_float32 == takes, x_dtype
-    # a datapath other than the default keeps the double products and their round loops
-    for datapath in (qemu_q.Datapath(rounding="half_away"), qemu_q.Datapath(subnormals="flush_outputs"),
-                     qemu_q.Datapath(nan="canonical")):
-        assert not config_of(np.int8, datapath, scale_dtype)[1].half_from_float32, datapath
+        for datapath in (qemu_q.Datapath(), qemu_q.Datapath(rounding="stochastic"),
+                         qemu_q.Datapath(subnormals="flush_both", nan="canonical", scale_precision="float64")):
+            config = config_of(x_dtype, datapath, scale_dtype)[1]
+            assert config.fast_datapath and config.half_from_float32 == takes, (x_dtype, datapath)
     # float32 scales (24 bits): their products with int8 codes are not float32s
     from qemu_q import _coerce
 

@@ -216,9 +216,9 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                       else 0.0),
         scale_min_normal=_SCALE_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
         fast_datapath=fast_datapath,
-        # the default into float16 / bfloat16, where every product is a float32: rounded
-        # from float32 on its bits (pyx/_dequantize.pyx, half_exact_run)
-        half_from_float32=(fast_datapath and datapath == ONNX and out_type.value_format != FMT_FLOAT32
+        # into float16 / bfloat16, where every product is a float32: rounded from float32
+        # by Cast's loop of the mode (pyx/_dequantize.pyx, half_products_run)
+        half_from_float32=(fast_datapath and out_type.value_format != FMT_FLOAT32
                            and _float32_products(x_type, scale_type)),
     )
     return DequantizePlan(where, x_type, out_type, tuple(fields.items()))
