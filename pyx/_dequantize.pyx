@@ -102,6 +102,28 @@ ctypedef fused param_t:
     double
 
 
+# The precision datapath_products forms its products in: double (exact for every code the
+# fast datapath takes), or float32 where the caller knows each product is a float32
+# (half_products_run).
+ctypedef fused product_t:
+    float
+    double
+
+
+cdef inline product_t flush_product(product_t v, product_t min_normal) noexcept nogil:
+    if product_t is float:
+        return flush_subnormal_f32(v, min_normal)
+    else:
+        return flush_subnormal_f64(v, min_normal)
+
+
+cdef inline product_t select_product(bint condition, product_t if_true, product_t if_false) noexcept nogil:
+    if product_t is float:
+        return select_f32(condition, if_true, if_false)
+    else:
+        return select_f64(condition, if_true, if_false)
+
+
 # Integer codes of 8 bits or fewer into float32, written with streaming stores straight
 # from the registers (AVX2 and AVX-512 builds, on the vector types and QEMU_Q_V* macros of
 # _dequantize_datapath_loops.pxi): the arithmetic of run_integer_bytes_f32, operation for
@@ -413,21 +435,22 @@ cdef inline void run_datapath(const dq_code_t* x, y_storage_t* y, Py_ssize_t n, 
             y[i] = pack_value_format(f, p.out_format)
 
 
-cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssize_t n,
+cdef inline void datapath_products(const dq_code_t* x, product_t* products, Py_ssize_t n,
                                    const param_t* scale, const param_t* zero_point, bint params_vary,
                                    const DequantizePlan* p) noexcept nogil:
     # The first of the datapath's two loops: (x - zero_point) * scale, exact in double
     # (a code of at most 17 significant bits, or a small float of at most 8, times a
-    # float32-exact scale), with datapath_value's flushes of the code and the scale, and
-    # its IEEE results for zeros, infinities and NaNs (a NaN code wins over a NaN scale).
-    # The codes are decoded branch-free: sign-extended, plus code_wrap where an unsigned
-    # code's top bit was set.
+    # float32-exact scale; in float32 where the caller knows it is exact there), with
+    # datapath_value's flushes of the code and the scale, and its IEEE results for zeros,
+    # infinities and NaNs (a NaN code wins over a NaN scale: a select, the product's operand
+    # order being the compiler's). The codes are decoded branch-free: sign-extended, plus
+    # code_wrap where an unsigned code's top bit was set.
     cdef Py_ssize_t i
-    cdef double scale_min = p.scale_min_normal if p.flush_inputs else 0.0
+    cdef product_t scale_min = <product_t>p.scale_min_normal if p.flush_inputs else <product_t>0.0
     cdef float x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
-    cdef double s = flush_subnormal_f64(<double>scale[0], scale_min)
-    cdef double z = <double>zero_point[0]
-    cdef double d
+    cdef product_t s = flush_product(<product_t>scale[0], scale_min)
+    cdef product_t z = <product_t>zero_point[0]
+    cdef product_t d
     cdef int shift = p.code_shift
     cdef int32_t wrap = p.code_wrap
     cdef int32_t c
@@ -438,33 +461,33 @@ cdef inline void datapath_products(const dq_code_t* x, double* products, Py_ssiz
         if p.small_float_bytes:
             if params_vary:
                 for i in range(n):
-                    d = <double>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - <double>zero_point[i]
-                    products[i] = select_f64(d == d, d * flush_subnormal_f64(<double>scale[i], scale_min), d)
+                    d = <product_t>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - <product_t>zero_point[i]
+                    products[i] = select_product(d == d, d * flush_product(<product_t>scale[i], scale_min), d)
             else:
                 for i in range(n):
-                    d = <double>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - z
-                    products[i] = select_f64(d == d, d * s, d)
+                    d = <product_t>flush_subnormal_f32(decode_small_float32(x[i], &dec), x_min) - z
+                    products[i] = select_product(d == d, d * s, d)
         elif params_vary:
             for i in range(n):
                 c = integer_code(x[i], shift, True)
                 c = c + ((c >> 31) & wrap)
-                products[i] = (<double>c - <double>zero_point[i]) * flush_subnormal_f64(<double>scale[i], scale_min)
+                products[i] = (<product_t>c - <product_t>zero_point[i]) * flush_product(<product_t>scale[i], scale_min)
         else:
             for i in range(n):
                 c = integer_code(x[i], shift, True)
                 c = c + ((c >> 31) & wrap)
-                products[i] = (<double>c - z) * s
+                products[i] = (<product_t>c - z) * s
     else:
         if params_vary:
             for i in range(n):
                 c = <int16_t>x[i]
                 c = c + ((c >> 31) & wrap)
-                products[i] = (<double>c - <double>zero_point[i]) * flush_subnormal_f64(<double>scale[i], scale_min)
+                products[i] = (<product_t>c - <product_t>zero_point[i]) * flush_product(<product_t>scale[i], scale_min)
         else:
             for i in range(n):
                 c = <int16_t>x[i]
                 c = c + ((c >> 31) & wrap)
-                products[i] = (<double>c - z) * s
+                products[i] = (<product_t>c - z) * s
 
 
 cdef inline void finish_f32(float* y, Py_ssize_t n, float flush_below, bint canonical,
@@ -757,49 +780,23 @@ cdef inline void half_products_run(const uint8_t* x, uint16_t* y, Py_ssize_t n, 
     # (p.half_from_float32: the caller's condition, that the code's and the scale's
     # significant bits fit in 24 and their last bits' product is at least 2**-149; a
     # product beyond float32's range is beyond the output's too): the products formed in
-    # float32 with datapath_products' input flushes and NaN order (a NaN code wins over a
-    # NaN scale: a select, the product's operand order being the compiler's), in pieces of
+    # float32 by datapath_products (its input flushes and NaN order), in pieces of
     # DATAPATH_CHUNK, each rounded by Cast's loop of the mode (run_cast_half; the default's
     # is Cast's default conversion). The product being exact, its rounding to float32 or
     # float64 first (scale_precision) is itself, and Cast's rounding of a float32 value is
     # the datapath's of the exact product: the stochastic word's window is floor(frac *
     # 2**32) of the same dropped bits, a result beyond the largest finite is inf on the
     # rounded value, the output flush is on the rounded value, NaN keeps its sign and
-    # payload's leading bits (or the canonical code). The double products and their round
-    # loops (datapath_products, round_products) took 2 ns an element.
+    # payload's leading bits (or the canonical code). Double products and their rounding
+    # on double vectors (round_products) took 2 ns an element.
     cdef float products[DATAPATH_CHUNK]
-    cdef Py_ssize_t i, piece, k
-    cdef float scale_min = <float>p.scale_min_normal if p.flush_inputs else <float>0.0
-    cdef float x_min = <float>p.x_min_normal if p.flush_inputs else <float>0.0
-    cdef float s = flush_subnormal_f32(<float>scale[0], scale_min)
-    cdef float z = <float>zero_point[0]
-    cdef float d
-    cdef int shift = p.code_shift
-    cdef int32_t wrap = p.code_wrap
-    cdef int32_t c
-    cdef SmallFloat32Decoder dec = p.decoder
+    cdef Py_ssize_t piece = 0
+    cdef Py_ssize_t k
     cdef const uint32_t* words
-    piece = 0
     while piece < n:
         k = min(n - piece, <Py_ssize_t>DATAPATH_CHUNK)
-        if p.small_float_bytes:
-            if params_vary:
-                for i in range(k):
-                    d = flush_subnormal_f32(decode_small_float32(x[piece + i], &dec), x_min) - <float>zero_point[piece + i]
-                    products[i] = select_f32(d == d, d * flush_subnormal_f32(<float>scale[piece + i], scale_min), d)
-            else:
-                for i in range(k):
-                    d = flush_subnormal_f32(decode_small_float32(x[piece + i], &dec), x_min) - z
-                    products[i] = select_f32(d == d, d * s, d)
-        elif params_vary:
-            for i in range(k):
-                c = integer_code(x[piece + i], shift, True)
-                products[i] = ((<float>(c + ((c >> 31) & wrap)) - <float>zero_point[piece + i])
-                               * flush_subnormal_f32(<float>scale[piece + i], scale_min))
-        else:
-            for i in range(k):
-                c = integer_code(x[piece + i], shift, True)
-                products[i] = (<float>(c + ((c >> 31) & wrap)) - z) * s
+        datapath_products(x + piece, products, k, scale + (piece if params_vary else 0),
+                          zero_point + (piece if params_vary else 0), params_vary, p)
         words = p.random_bits + first + piece if p.random_bits != NULL else NULL
         run_cast_half(products, y + piece, k, words, p.rounding, p.out_format == FMT_BFLOAT16,
                       &p.half_cast, p.half_nan_keep)
