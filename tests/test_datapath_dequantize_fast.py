@@ -469,21 +469,31 @@ def test_the_default_into_half_formats_equals_the_onnx_kernels(scale_dtype):
         for lv in LEVELS:
             _kernels.use(lv)
             for codes, zero_points in kinds:
-                x = np.repeat(codes[:, None], scales.size, axis=1)
                 for zp in zero_points:
-                    z = None if zp is None else np.full(scales.size, zp, dtype=codes.dtype)
-                    want = general(x, scales, z, axis=1)
-                    # per axis (a scale per element) and per tensor (one scale per call)
-                    got = qemu_q.dequantize_linear(x, scales, z, axis=1, n_threads=2)
-                    mismatch = np.argwhere(bits(got) != bits(want))
-                    assert mismatch.size == 0, (lv, codes.dtype, zp, [
-                        (codes[i], hex(int(bits(scales)[j])), hex(int(bits(got)[i, j])),
-                         hex(int(bits(want)[i, j]))) for i, j in mismatch[:4]])
-                    for j in (0x0001, 0x3555, 0x7BFF, 0x8400, 0xFC00, 0x7E01):
-                        one = qemu_q.dequantize_linear(codes, scales[j], None if zp is None else zp)
-                        assert bits(one).tolist() == bits(want[:, j]).tolist(), (lv, codes.dtype, zp, hex(j))
+                    _half_formats_against_general(codes, zp, scales, (0x0001, 0x3555, 0x7BFF, 0x8400, 0xFC00, 0x7E01),
+                                                  (lv, codes.dtype, zp))
     finally:
         _kernels.use(level)
+
+
+def _half_formats_against_general(codes, zp, scales, columns, what, words=None, **kw):
+    # Every code (a row) times every scale (a column) per axis, and the given columns per
+    # tensor (one scale per call), against the general loop (random_bits: words, an
+    # element's word in both)
+    x = np.repeat(codes[:, None], scales.size, axis=1)
+    z = None if zp is None else np.full(scales.size, zp, dtype=codes.dtype)
+    if words is not None:
+        kw["random_bits"] = words
+    want = general(x, scales, z, axis=1, **kw)
+    got = qemu_q.dequantize_linear(x, scales, z, axis=1, n_threads=2, **kw)
+    mismatch = np.argwhere(bits(got) != bits(want))
+    assert mismatch.size == 0, (what, [(codes[i], hex(int(bits(scales)[j])), hex(int(bits(got)[i, j])),
+                                        hex(int(bits(want)[i, j]))) for i, j in mismatch[:4]])
+    for j in columns:
+        if words is not None:
+            kw["random_bits"] = np.ascontiguousarray(words[:, j])
+        one = qemu_q.dequantize_linear(codes, scales[j], zp, **kw)
+        assert bits(one).tolist() == bits(want[:, j]).tolist(), (what, hex(j))
 
 
 HALF_OPTIONS = [{"rounding": mode} for mode in ("half_away", "half_up", "half_down", "toward_zero", "down",
@@ -511,25 +521,12 @@ def test_the_options_into_half_formats_equal_the_general_loop(scale_dtype):
         for lv in LEVELS:
             _kernels.use(lv)
             for codes, zp in kinds:
-                x = np.repeat(codes[:, None], scales.size, axis=1)
-                z = None if zp is None else np.full(scales.size, zp, dtype=codes.dtype)
-                words = rng.integers(0, 2**32, x.shape, dtype=np.uint32)
+                words = rng.integers(0, 2**32, (codes.size, scales.size), dtype=np.uint32)
                 for fields in HALF_OPTIONS:
                     datapath = qemu_q.Datapath(**fields)
-                    kw = dict(datapath=datapath)
-                    if datapath.rounding == "stochastic":
-                        kw["random_bits"] = words
-                    want = general(x, scales, z, axis=1, **kw)
-                    got = qemu_q.dequantize_linear(x, scales, z, axis=1, n_threads=2, **kw)
-                    mismatch = np.argwhere(bits(got) != bits(want))
-                    assert mismatch.size == 0, (lv, codes.dtype, fields, [
-                        (codes[i], hex(int(bits(scales)[j])), hex(int(bits(got)[i, j])),
-                         hex(int(bits(want)[i, j]))) for i, j in mismatch[:4]])
-                    for j in (1, 0x1555, 0x2AAA, 0x3FFF, 0x5000):
-                        if datapath.rounding == "stochastic":
-                            kw["random_bits"] = np.ascontiguousarray(words[:, j])
-                        one = qemu_q.dequantize_linear(codes, scales[j], zp, **kw)
-                        assert bits(one).tolist() == bits(want[:, j]).tolist(), (lv, codes.dtype, fields, j)
+                    _half_formats_against_general(codes, zp, scales, (1, 0x1555, 0x2AAA, 0x3FFF, 0x5000),
+                                                  (lv, codes.dtype, fields), datapath=datapath,
+                                                  words=words if datapath.rounding == "stochastic" else None)
     finally:
         _kernels.use(level)
 
