@@ -262,8 +262,9 @@ def zero_codes_as_values(zero_point: np.ndarray, etype: ElementType, where: str,
 
 
 def check_codes(codes: np.ndarray, etype: ElementType, where: str, name: str) -> None:
-    """Stored codes of a family type, as its storage dtype holds them: integer values in
-    [lo, hi], minifloat codes below 2**width. Anything else is a ValueError naming it."""
+    """Stored codes of a family type (or an ONNX small float's, as the golden files store
+    them), as its storage dtype holds them: integer values in [lo, hi], minifloat codes
+    below 2**width. Anything else is a ValueError naming it."""
     if codes.size == 0:
         return
     if etype.kind == "integer":

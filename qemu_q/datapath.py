@@ -357,7 +357,7 @@ def check_random_bits(random_bits, datapath: Datapath, shape: tuple, input_name:
     if random_bits is None:
         raise ValueError(f"datapath.rounding='stochastic' needs random_bits=, a uint32 array of "
                          f"{input_name}'s shape")
-    if isinstance(random_bits, np.generic) and not isinstance(random_bits, np.void):
+    if isinstance(random_bits, np.generic):
         # a numpy scalar, as x may be one: the 0-d array it is
         random_bits = np.asarray(random_bits)
     if not isinstance(random_bits, np.ndarray):

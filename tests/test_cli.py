@@ -327,8 +327,10 @@ def test_untyped_uint8_needs_x_type(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("x_type, stored, message", [
-    ("float4e2m1", [0x07, 0x87], "the uint8 code 0x87 is wider than float4e2m1's 4 bits"),
-    ("float6e2m3", [0x21, 0xA1], "the uint8 code 0xa1 is wider than float6e2m3's 6 bits"),
+    ("float4e2m1", [0x07, 0x87], "stored float4e2m1 codes: the array holds the code 0x87, wider than "
+                                 "float4e2m1's 4 bits"),
+    ("float6e2m3", [0x21, 0xA1], "stored float6e2m3 codes: the array holds the code 0xa1, wider than "
+                                 "float6e2m3's 6 bits"),
     ("int4", [7, 23], "values out of the int4 range [-8, 7]"),
 ])
 def test_stored_codes_wider_than_their_type_are_refused(capsys, tmp_path, x_type, stored, message):

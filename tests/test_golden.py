@@ -542,7 +542,7 @@ def test_storage_round_trip():
         if etype.kind != "integer" and etype.bits < 8:
             # a stored byte with bits above the code is no code of the type
             wide = np.array([0, 1 << etype.bits], np.uint8)
-            with pytest.raises(ValueError, match=f"code {1 << etype.bits:#x} is wider than {name}'s"):
+            with pytest.raises(ValueError, match=f"holds the code {1 << etype.bits:#x}, wider than {name}'s"):
                 writers.from_storage(wide, name)
 
 

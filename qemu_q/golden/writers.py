@@ -16,6 +16,7 @@ import numpy as np
 
 from .._dtypes import ELEMENT_TYPES, ElementType, array_element_type, element_type
 from .._pack import pack, unpack
+from ..codecs import check_codes
 from .datapaths import datapath_fields
 from .runtimes import runs_on
 
@@ -90,11 +91,9 @@ def from_storage(array: np.ndarray, type_name: str) -> np.ndarray:
         raise TypeError(
             f"{type_name} is stored as its {etype.storage} bit patterns, got {array.dtype}")
     codes = np.ascontiguousarray(array).view(etype.storage)
-    if etype.bits < 8 * etype.storage.itemsize and codes.size and int(codes.max()) >> etype.bits:
-        # a float4 / float6 byte with bits above the code: no code of the type (the kernels
-        # would read its low bits, another code), refused as an int4 value out of range is
-        raise ValueError(f"the {etype.storage} code {int(codes.max()):#x} is wider than "
-                         f"{type_name}'s {etype.bits} bits")
+    # a float4 / float6 byte with bits above the code is no code of the type (the kernels
+    # would read its low bits, another code): refused as an int4 value out of range is
+    check_codes(codes, etype, f"stored {type_name} codes", "the array")
     return codes.view(etype.dtype)
 
 

@@ -83,7 +83,8 @@ _HALF_SCALES = {"float16": (11, 2.0 ** -24), "bfloat16": (8, 2.0 ** -133)}
 @lru_cache(maxsize=128)
 def _float32_products(x_type: ElementType, scale_type: ElementType) -> bool:
     """Whether (x - zero_point) * scale is a float32 for every 8-bit code of x_type and
-    every scale value of scale_type (docs/semantics.md, "DequantizeLinear"): the significant
+    every scale value of scale_type, so that rounding it from float32 is the one rounding
+    of the exact product (docs/semantics.md, "DequantizeLinear"): the significant
     bits of d and of the scale fit in float32's 24, and the product of their last bits is
     at least float32's smallest subnormal 2**-149 (a product beyond float32's range is
     beyond every output's). d is an integer of at most 8 bits (x - zero_point of an 8-bit
@@ -95,14 +96,12 @@ def _float32_products(x_type: ElementType, scale_type: ElementType) -> bool:
     if x_type.kind == "integer":
         code_bits, code_last_bit = 8, 1.0
     elif x_type.kind == "small_float":
-        from fractions import Fraction
-
         table = family_decode_table(x_type) if is_family(x_type) else decode_table(x_type.name)
         code_bits, code_last_bit = 0, math.inf
         for value in map(float, table):
             if value == 0 or not math.isfinite(value):
                 continue
-            numerator, denominator = Fraction(abs(value)).as_integer_ratio()
+            numerator, denominator = abs(value).as_integer_ratio()
             trailing = (numerator & -numerator).bit_length() - 1
             code_bits = max(code_bits, (numerator >> trailing).bit_length())
             code_last_bit = min(code_last_bit, 2.0 ** trailing / denominator)
