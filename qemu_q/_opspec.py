@@ -7,6 +7,7 @@ core imports without onnx; tests/test_opspec.py checks every field against onnx.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
@@ -482,16 +483,23 @@ def get_spec(op_type: str, opset: int | None = None) -> OpSpec:
     opset = normalize_opset(opset)
     if opset is None:
         opset = NEWEST_OPSET
-    versions = ", ".join(str(spec.since_version) for spec in specs)
+    if specs[0].since_version <= opset <= NEWEST_OPSET:
+        return _resolved_spec(op_type, opset)
     if opset < 1:
         problem = "is not an opset (they start at 1)"
     elif opset > NEWEST_OPSET:
         problem = f"is newer than the newest opset this table knows ({NEWEST_OPSET})"
-    elif opset < specs[0].since_version:
-        problem = "is older than all of them"
     else:
-        return [spec for spec in specs if spec.since_version <= opset][-1]
+        problem = "is older than all of them"
+    versions = ", ".join(str(spec.since_version) for spec in specs)
     raise ValueError(f"{op_type} has versions {versions}; opset {opset} {problem}")
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved_spec(op_type: str, opset: int) -> OpSpec:
+    # every op resolves its spec at least once a call: the table is fixed, so once per
+    # (op, opset) is enough
+    return [spec for spec in _SPECS[op_type] if spec.since_version <= opset][-1]
 
 
 def first_version_allowing(op_type: str, param_name: str, type_str: str) -> int | None:

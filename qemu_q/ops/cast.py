@@ -90,6 +90,7 @@ def _check_numeric(array: np.ndarray, argument: str) -> None:
         raise TypeError(f"{argument} has dtype {array.dtype}: {_STRING_MESSAGE}")
 
 
+@lru_cache(maxsize=128)  # a Datapath is immutable and hashable: one per datapath given
 def datapath_reads(datapath: Datapath) -> Datapath:
     """The part of a Datapath Cast and CastLike read (docs/semantics.md, "Datapath
     options"): rounding, nan, subnormals, float8_encoder; scale, scale_precision,

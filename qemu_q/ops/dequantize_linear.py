@@ -62,6 +62,7 @@ _SCALE_PRECISIONS = {None: 0, "float32": 1, "float64": 2}
 _FLOAT32_EXACT_SCALES = frozenset({"float", "float16", "bfloat16", "float8e8m0"})
 
 
+@lru_cache(maxsize=128)  # a Datapath is immutable and hashable: one per datapath given
 def datapath_reads(datapath: Datapath) -> Datapath:
     """The part of a Datapath DequantizeLinear reads (docs/semantics.md, "Datapath
     options"): rounding, scale_precision, nan, subnormals; the others (scale,
@@ -325,6 +326,8 @@ def dequantize_linear(x: Array | bytes, x_scale: Array, x_zero_point: Array | No
 def _family_input(x, x_dtype, packed: bool, dtype, shape, opset):
     """(the family type, its stored codes) when x holds codec-family codes, else None (the
     ONNX types take the usual path, x_dtype only checked against x)."""
+    if x_dtype is None and (not packed or dtype is None):
+        return None
     where = label(get_spec("DequantizeLinear", opset), opset)
     if packed:
         if x_dtype is not None:
