@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import zipfile
 
 import numpy as np
@@ -195,7 +196,7 @@ def read_hex(text: str, type_name: str, shape, word_bits: int | None = None) -> 
         word_bits = int(fields[2])
     word_bits = 32 if word_bits is None else word_bits
     word_bytes = word_bits // 8
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     size = (count * etype.bits + 7) // 8
     if len(words) != -(-size // word_bytes):
         raise ValueError(f"{len(words)} words; {count} elements of {type_name} take "

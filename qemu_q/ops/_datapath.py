@@ -5,6 +5,8 @@ requantization under a named rule (docs/semantics.md, "Integer datapath")."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import _dispatch
@@ -152,14 +154,14 @@ def exact_matmul(a: np.ndarray, b: np.ndarray, a_index: np.ndarray, b_index: np.
 def flatten_leading(array: np.ndarray, *tail: int) -> np.ndarray:
     """array [..., *tail] as [count, *tail] (reshape(-1, ...) cannot infer count when a
     tail dimension is 0)."""
-    count = int(np.prod(array.shape[:array.ndim - len(tail)], dtype=np.int64))
+    count = math.prod(array.shape[:array.ndim - len(tail)])
     return array.reshape((count,) + tuple(tail))
 
 
 def item_index(operand_batch: tuple, batch: tuple) -> np.ndarray:
     """For each item of the broadcast batch shape, the index of the operand's own item
     (numpy matmul broadcasting: operand_batch broadcasts to batch)."""
-    count = int(np.prod(operand_batch, dtype=np.int64))
+    count = math.prod(operand_batch)
     return np.broadcast_to(np.arange(count, dtype=np.intp).reshape(operand_batch), batch).reshape(-1)
 
 

@@ -200,8 +200,8 @@ def _accumulate_values(plan: ConvPlan, x, w, x_zp, w_zp, bias, n_threads) -> np.
     rank = len(plan.kernel)
     groups, m_g = plan.group, plan.out_channels // plan.group
     c_g = plan.channels // groups
-    taps = int(np.prod(plan.kernel))
-    positions = int(np.prod(plan.out_spatial))
+    taps = math.prod(plan.kernel)
+    positions = math.prod(plan.out_spatial)
     x_zp_value = 0 if x_zp is None else int(dp.int_values(np.asarray(x_zp).reshape(-1), plan.x_type)[0])
     w_zp_values = (np.zeros(plan.out_channels, np.int64) if w_zp is None else
                    np.broadcast_to(dp.int_values(np.asarray(w_zp).reshape(-1), plan.w_type).astype(np.int64),
@@ -256,8 +256,8 @@ def _pair_accumulate(plan: ConvPlan, x, w, x_zp_value: int, w_zp_values, bias, n
     rank = len(plan.kernel)
     groups, m_g = plan.group, plan.out_channels // plan.group
     c_g = plan.channels // groups
-    depth = int(np.prod(plan.kernel)) * c_g
-    positions = int(np.prod(plan.out_spatial))
+    depth = math.prod(plan.kernel) * c_g
+    positions = math.prod(plan.out_spatial)
     x_raw, w_raw = (x.view(np.uint8), w.view(np.int8)) if plan.pairs == "nhwc" else (x.view(np.int8), w.view(np.uint8))
     win = _windows(_pad(x_raw, plan, x_zp_value), plan)  # [N, C, *out, *kernel]
     win = win.reshape((plan.batch, groups, c_g) + plan.out_spatial + plan.kernel)

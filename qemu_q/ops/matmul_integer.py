@@ -4,6 +4,7 @@ accumulation (or the x86 pair profile), and QLinearMatMul's requantization rules
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,7 +255,7 @@ def qlinear_matmul(a: Array, a_scale: Array, a_zero_point: Array, b: Array, b_sc
     row_scale, col_scale_full, y_scale_value = dp.flush_scales(output, scale_type, row_scale, col_scale_full,
                                                                y_scale_value)
     words = check_random_bits(random_bits, datapath_resolved, plan.out_shape, "y")
-    items = int(np.prod(plan.batch, dtype=np.int64))
+    items = math.prod(plan.batch)
     if items == 0 or m == 0 or n == 0:
         return _finish(plan, np.zeros(plan.batch + (m, n), dtype=y_type.dtype), out,
                        named + [("random_bits", random_bits)])
