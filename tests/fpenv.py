@@ -360,6 +360,16 @@ def build_cases(seed: int = 9):
     case("dequantize int8 -> bfloat16 half_down flush_outputs, subnormal scale",
          lambda t: (dql(dq_codes, tiny, output_dtype="bfloat16",
                         datapath=Datapath(rounding="half_down", subnormals="flush_outputs"), n_threads=t),))
+    # Into float16 / bfloat16 from float32 products (8-bit codes, half-format scales: Cast's
+    # half loops of the mode round the products), results in the formats' subnormals.
+    case("dequantize int8 -> float16 stochastic flush_outputs, subnormal float16 scale",
+         lambda t, s=np.array(3 * 2.0**-18, f16): (dql(
+             dq_codes, s, np.array(3, np.int8), datapath=Datapath(rounding="stochastic", subnormals="flush_outputs"),
+             random_bits=words, n_threads=t),))
+    case("dequantize uint8 -> bfloat16 half_down, subnormal bfloat16 scale",
+         lambda t, s=np.array(3 * 2.0**-133, bf16): (dql(
+             dq_codes.view(np.uint8), s, np.array(7, np.uint8), datapath=Datapath(rounding="half_down"),
+             n_threads=t),))
     mx_words = words[:N // 32 * 32].reshape(-1, 32)
     mx_blocks = mx_x[:N // 32 * 32].reshape(-1, 32)
     case("mx_quantize float8e4m3fn stochastic, subnormal blocks",
