@@ -54,6 +54,23 @@ def test_examples_run():
         exec(compile(block, str(API_DOC), "exec"), namespace)
 
 
+def test_readme_examples_run():
+    # README's examples run in order as one script, and its first states its int8 codes:
+    # 0, 1.5 and 2.5 to even (2, 2), -2.5 to -2, 300 saturated, NaN to the minimum.
+    import numpy as np
+
+    namespace: dict = {}
+    readme = API_DOC.parents[1] / "README.md"
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
+    assert blocks, "README.md has no python example"
+    first = blocks[0].splitlines()
+    upto = next(i for i, line in enumerate(first) if line.startswith("y = "))
+    exec(compile("\n".join(first[:upto + 1]), str(readme), "exec"), namespace)
+    assert namespace["y"].dtype == np.int8 and namespace["y"].tolist() == [0, 2, 2, -2, 127, -128]
+    for block in blocks:
+        exec(compile(block, str(readme), "exec"), namespace)
+
+
 def test_every_export_is_documented():
     import qemu_q
 
