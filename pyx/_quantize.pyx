@@ -9,7 +9,7 @@
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fabsf, copysign, fma, frexp, isnan, isinf
-from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,
@@ -30,7 +30,7 @@ from _codecs cimport (
     DP_HALF_AWAY, DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD,
     select_i32, select_f32, float_bits, bits_float, pow2, flush_subnormal_f32,
     rounded_count, half_even_count,
-    select_i64, flush_subnormal_f64, double_to_float_odd_staged, double_bits,
+    select_i64, flush_subnormal_f64, double_to_float_odd_staged, double_bits, bits_double,
     division_remainder_f32, quotient_rounded_to_odd, exact_even_quotient,
     product_nan_first_f32, product_nan_first_f64,
 )
