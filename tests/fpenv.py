@@ -343,6 +343,8 @@ def build_cases(seed: int = 9):
                                                              subnormals="flush_outputs"), "float8e4m3fn"),
             ("down reciprocal float64", Datapath(rounding="down", scale="reciprocal",
                                                  scale_precision="float64"), "int16"),
+            ("half_even reciprocal float64 (the direct double loop)",
+             Datapath(scale="reciprocal", scale_precision="float64"), "int8"),
             ("stochastic", Datapath(rounding="stochastic"), "float8e5m2"),
             ("stochastic flush_inputs nan_to_integer max", Datapath(rounding="stochastic", subnormals="flush_inputs",
                                                                   nan_to_integer="max"), "int8")):
