@@ -21,7 +21,6 @@ from _codecs cimport (
     double_bits, bits_double, float_bits, select_i32, select_i64, select_f64, stochastic_carry_f64,
     product_residual_f32, product_overshoot_f32,
     float16_bits_of_value, bfloat16_bits_of_value, flush_subnormal_f32, flush_subnormal_f64,
-    float_to_float16_rne, float_to_bfloat16_rne,
 )
 from _layout cimport (
     Layout, Segment, Cursor, PER_TENSOR, PER_AXIS, BLOCKED, make_layout, check_layout, set_task_size,

@@ -332,8 +332,6 @@ def _family_input(x, x_dtype, packed: bool, dtype, shape, opset):
     if packed:
         if x_dtype is not None:
             raise TypeError(f"{where}: with packed=True the element type is dtype=, not x_dtype=")
-        if dtype is None:
-            return None
         etype = element_type(dtype, "dtype")
         if not is_family(etype):
             return None
@@ -345,8 +343,6 @@ def _family_input(x, x_dtype, packed: bool, dtype, shape, opset):
 
         # the codes are checked with the other inputs (check_codes, naming x)
         return etype, unpack_fields(x, etype, shape, None)
-    if x_dtype is None:
-        return None
     etype = element_type(x_dtype, "x_dtype")
     codes = _coerce.as_array(x, "x")
     if codes.dtype != etype.dtype:
