@@ -240,16 +240,19 @@ def as_datapath(datapath, where: str = "datapath", op_type: str | None = None,
 
 def promoted_quotient_precision(x_type_name: str, scale_type_name: str) -> str:
     """scale_precision="promoted" for a quotient x / scale: the type numpy's promotion
-    gives x's and the scale's types (ml_dtypes' for bfloat16 and float8e8m0), as the
+    gives x's and the scale's types (ml_dtypes 0.7's for bfloat16 and float8e8m0), as the
     precision it divides in: "float64" when either is int32 (int32 with any float, and
     int32 with int32 under true division), the half type when both are float16 or both
-    bfloat16 (numpy divides in it: the float32 quotient rounded once more, which is the
-    correctly rounded one), else "float32" (float32 with anything; float16 with bfloat16
-    and either with float8e8m0, which numpy divides in float32). ElementType names in."""
+    bfloat16, and bfloat16 for bfloat16 x with a float8e8m0 scale (numpy divides in it:
+    the float32 quotient rounded once more, which is the correctly rounded one), else
+    "float32" (float32 with anything; float16 with bfloat16, and float16 with
+    float8e8m0, which numpy divides in float32). ElementType names in."""
     if "int32" in (x_type_name, scale_type_name):
         return "float64"
     if x_type_name == scale_type_name and x_type_name in ("float16", "bfloat16"):
         return x_type_name
+    if (x_type_name, scale_type_name) == ("bfloat16", "float8e8m0"):
+        return "bfloat16"
     return "float32"
 
 

@@ -334,6 +334,34 @@ def test_ql_int32_operands():
     mine, ref, rt = quantize(x, np.array(16777217, np.int32), np.array(0, np.int8), opset=23)
     eq(mine, [64]), eq(ref, [65])
     assert not_supported(rt)
+    # into e4m3fn: x / s = 19/32 - 1/s lies below the midpoint 19/32 of 0x31 and 0x32;
+    # float32 rounds the quotient onto it (ties to even: 0x32), float64 keeps it below, and
+    # ml_dtypes 0.7 rounds that float64 once into e4m3fn (0x31)
+    s = 2**30 + 32
+    x = np.array([19 * s // 32 - 1], np.int32)
+    q = Fraction(int(x[0]), s)
+    assert round_to(q, "float") == Fraction(19, 32)
+    assert fo.encode("float8_e4m3fn", round_to(q, "float"), 1) == 0x32
+    assert fo.encode("float8_e4m3fn", q, 1) == 0x31
+    mine, ref, rt = quantize(x, np.array(s, np.int32), np.zeros((), E4M3FN), opset=21)
+    eq(mine, [0x32]), eq(ref, [0x31])
+    assert not_supported(rt)
+
+
+@entry("QL integer: bfloat16 x NaN, +-inf and quotients beyond int32 (onnx.reference)")
+@pytest.mark.parametrize("opset", [21, 25])
+def test_ql_bfloat16_specials(opset):
+    x = np.array([np.nan, np.inf, -np.inf, 3e10, -3e10, 1.0], bf16)
+    for zp, lo, hi, bits in ((np.uint8(85), 0, 255, 8), (np.int8(-100), -128, 127, 8),
+                             (np.int8(0), -128, 127, 8)):
+        mine, ref, rt = quantize(x, np.array(1.0, bf16), np.array(zp), opset=opset)
+        want = as_codes([rule_int(float(v), int(zp), lo, hi) for v in x.astype(np.float64)], bits)
+        eq(mine, want)
+        # ml_dtypes makes NaN, +-inf and 3e10 the int32 0, then the zero point is added
+        eq(ref, as_codes([int(zp)] * 5 + [int(zp) + 1], bits))
+        assert not_supported(rt)
+    eq(quantize(x, np.array(1.0, bf16), np.array(np.uint8(85)), opset=opset)[0],
+       [0x00, 0xFF, 0x00, 0xFF, 0x00, 0x56])
 
 
 # ------------------------------------------------------------ QuantizeLinear, division precision

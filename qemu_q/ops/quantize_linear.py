@@ -14,7 +14,7 @@ from .._buffers import (
 )
 from .._dispatch import Path
 from .._dtypes import (
-    CODE_INTEGER, CODE_SMALL_FLOAT, FMT_FLOAT32, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, PATH_GENERAL,
+    CODE_INTEGER, CODE_SMALL_FLOAT, ELEMENT_TYPES, FMT_FLOAT32, PATH_F32_INTEGER, PATH_F32_SMALL_FLOAT, PATH_GENERAL,
     SF_RULE_FNUZ_INF_NAN, SF_RULE_NAN_OPPOSITE_ZERO, SF_RULE_NAN_SIGN, array_element_type,
 )
 from .._opspec import cast_float8_table, get_spec, normalize_opset
@@ -52,21 +52,26 @@ _WIDE_NONE, _WIDE_X, _WIDE_HALF, _WIDE_F64 = 0, 1, 2, 3
 _QUOTIENT64_DOUBLE, _QUOTIENT64_REMAINDER = 0, 1
 
 
-def _promoted(x_type, scale_type, precision_type, precision: int) -> str | None:
+def _promoted(x_type, scale_type, precision_type, precision: int):
     """Datapath scale_precision="promoted" resolved once per plan into a precision the
-    kernels have: None where it is the ONNX division precision P of the version (the
-    default paths then run), else "float32" or "float64". A nonzero `precision`
-    attribute names P itself (onnx.reference converts both operands to it first: the
-    operands' rounding is not reproduced, docs/divergences.md)."""
+    kernels have, as (scale_precision, division precision type): (None, P) where it is
+    the ONNX division precision P of the version (the default paths then run), ("float32"
+    or "float64", P), or (None, bfloat16) for bfloat16 x over a float8e8m0 scale, which
+    numpy divides in bfloat16 where P is float32 (both operands are bfloat16 values, so
+    that is the exact quotient rounded to bfloat16, as a bfloat16 P divides). A nonzero
+    `precision` attribute names P itself (onnx.reference converts both operands to it
+    first: the operands' rounding is not reproduced, docs/divergences.md)."""
     if precision:
-        return None
+        return None, precision_type
     promoted = promoted_quotient_precision(x_type.name, scale_type.name)
     onnx_precision = "float32" if precision_type.name == "float" else precision_type.name
     if promoted == onnx_precision:
-        return None
-    # a half type is promoted only from two operands of that type, where P is that type too
+        return None, precision_type
+    if promoted == "bfloat16":
+        return None, ELEMENT_TYPES["bfloat16"]
+    # float16 is promoted only from two float16 operands, where P is float16 too
     assert promoted in ("float32", "float64"), (promoted, onnx_precision)
-    return promoted
+    return promoted, precision_type
 
 
 @dataclass(frozen=True)
@@ -119,12 +124,9 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         check_type(spec, opset, "y", out_type)
 
     precision_type = division_precision(spec, scale_type, precision, where)
-    # "promoted" into a small float with a float64 quotient: ml_dtypes' float64 -> small
-    # float conversion goes through float32 (datapath_one's quotient_through_float32)
-    through_float32 = False
     if datapath.scale_precision == "promoted":
-        datapath = replace(datapath, scale_precision=_promoted(x_type, scale_type, precision_type, precision))
-        through_float32 = datapath.scale_precision == "float64" and out_type.kind == "small_float"
+        promoted, precision_type = _promoted(x_type, scale_type, precision_type, precision)
+        datapath = replace(datapath, scale_precision=promoted)
     gran = resolve_granularity(spec, opset, x.shape, scale, zero_point, axis, block_size,
                                "y_scale", "y_zero_point")
     # x and the scale are float32 values divided in float32: one IEEE division is the
@@ -182,7 +184,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
     # does not hold: datapath_one). Integer codes and the ONNX small floats only, as above.
     datapath_wide = _WIDE_NONE
     if (use_datapath and fast_kernels and not datapath_f32 and not (family and not integer)
-            and not onnxruntime_float8 and not through_float32):
+            and not onnxruntime_float8):
         half_x = x_type.name in ("float16", "bfloat16")
         if float64_quotient:
             if datapath.rounding != "stochastic":
@@ -233,7 +235,7 @@ def quantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         scale_min_normal=_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
         f32_operands=f32_operands and use_datapath, datapath_f32=datapath_f32,
         onnxruntime_float8=onnxruntime_float8,
-        datapath_wide=datapath_wide, quotient_through_float32=through_float32,
+        datapath_wide=datapath_wide,
         # float32-valued x (float16/bfloat16 widened) and scale: the float64 quotient's
         # staged value from the float32 quotient and its remainder; int32 x: the double loop
         quotient64=_QUOTIENT64_REMAINDER if datapath_wide == _WIDE_F64 and f32_operands else _QUOTIENT64_DOUBLE,
