@@ -359,9 +359,13 @@ cdef bint quotient64_remainder_enabled = True
 # second float32 loop pass (stage_buffered, then the `_one` or buffered loop), True lets
 # integer pieces of one zero point take the fused loop (stage_round).
 cdef bint fused_staging_enabled = True
+# Test and benchmark hook (set_nearest_quotients): False sends the integer pieces of one
+# scale in the nearest modes under a float64 divide straight to the fused loop, True lets
+# nearest_divide_one write them from the float32 quotient first.
+cdef bint nearest_quotients_enabled = True
 cdef extern from *:
     """
-    static Py_ssize_t qemu_q_quotient64_pieces[3];
+    static Py_ssize_t qemu_q_quotient64_pieces[4];
     static int qemu_q_quotient64_counting;
     static inline void qemu_q_count_quotient64(int fell_back) {
         if (qemu_q_quotient64_counting) {
@@ -382,9 +386,20 @@ cdef extern from *:
     #endif
         }
     }
+    /* the pieces nearest_divide_one finished (neither staged nor fused) */
+    static inline void qemu_q_count_nearest(void) {
+        if (qemu_q_quotient64_counting) {
+    #if defined(__GNUC__) || defined(__clang__)
+            __atomic_fetch_add(&qemu_q_quotient64_pieces[3], 1, __ATOMIC_RELAXED);
+    #else
+            qemu_q_quotient64_pieces[3] += 1;
+    #endif
+        }
+    }
     """
-    Py_ssize_t quotient64_pieces "qemu_q_quotient64_pieces"[3]
+    Py_ssize_t quotient64_pieces "qemu_q_quotient64_pieces"[4]
     void count_fused "qemu_q_count_fused" () noexcept nogil
+    void count_nearest "qemu_q_count_nearest" () noexcept nogil
     int quotient64_counting "qemu_q_quotient64_counting"
     void count_quotient64 "qemu_q_count_quotient64" (int fell_back) noexcept nogil
 # run_datapath_wide: float16/bfloat16 x, their own division precision and float64
@@ -1556,6 +1571,25 @@ def count_fused_pieces():
     counted = quotient64_pieces[2]
     quotient64_pieces[2] = 0
     return counted
+
+
+def count_nearest_pieces():
+    """Test hook: the pieces nearest_divide_one finished since the last call (integer
+    codes of one scale in the nearest modes under a float64 divide), counted while
+    count_quotient64_pieces(True) has counting on; they are neither staged nor fused."""
+    counted = quotient64_pieces[3]
+    quotient64_pieces[3] = 0
+    return counted
+
+
+def set_nearest_quotients(bint enabled):
+    """Test and benchmark hook: False sends every piece that nearest_divide_one would
+    write to the fused loop instead; True (the default) lets it write them from the
+    float32 quotient. The same bits either way. Returns the previous setting."""
+    global nearest_quotients_enabled
+    previous = nearest_quotients_enabled
+    nearest_quotients_enabled = enabled
+    return previous
 
 
 def set_fused_staging(bint enabled):

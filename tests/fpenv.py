@@ -352,6 +352,18 @@ def build_cases(seed: int = 9):
         case(f"quantize f32 -> {out} under {name}, subnormal scale",
              lambda t, dp=dp, out=out, w=bits_given: (ql(qx, tiny, output_dtype=out, datapath=dp,
                                                          random_bits=w, n_threads=t),))
+    # The float32 quotient's codes (nearest_<mode>_divide_one, a normal scale): its tie
+    # check and its rounding add 1.5 * 2**23, which another rounding mode would move. A
+    # quarter of x near the half-integers' products (pieces it hands to the fused loop),
+    # the rest ordinary, with tiny and subnormal x (under DAZ: zeros) in its second half.
+    s37 = f32(0.37)
+    hx = (rng.standard_normal(N) * 30).astype(f32)
+    hx[:N // 4] = ((np.arange(N // 4) % 600 - 300 + 0.5) * np.float64(s37)).astype(f32)
+    hx[N // 2::7] = cx[N // 2::7]
+    for rounding in ("half_even", "half_up"):
+        case(f"quantize f32 -> int8 under {rounding} divide float64 (the float32 quotient's codes)",
+             lambda t, dp=Datapath(rounding=rounding, scale_precision="float64"): (
+                 ql(hx, s37, output_dtype="int8", datapath=dp, n_threads=t),))
     case("cast f32 -> float8e4m3fn stochastic flush_both",
          lambda t: (qemu_q.cast(cx, "float8e4m3fn", datapath=Datapath(rounding="stochastic", subnormals="flush_both"),
                                 random_bits=words, n_threads=t),))

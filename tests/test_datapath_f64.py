@@ -464,13 +464,24 @@ def quantize_module():
     return _dispatch.entry_module(_dispatch.Path.QUANTIZE)
 
 
-def double_loop(fn):
-    module = quantize_module()
-    previous = module.set_quotient64_remainder(False)
+def switched_off(switch, fn):
+    """fn() with the kernel module's test hook `switch` (set_quotient64_remainder, ...)
+    False, then back as it was."""
+    setter = getattr(quantize_module(), switch)
+    previous = setter(False)
     try:
         return fn()
     finally:
-        module.set_quotient64_remainder(previous)
+        setter(previous)
+
+
+def double_loop(fn):
+    return switched_off("set_quotient64_remainder", fn)
+
+
+def nearest_off(fn):
+    """fn() with nearest_divide_one off: the integer pieces it would write go to the fused loop."""
+    return switched_off("set_nearest_quotients", fn)
 
 
 def counted(fn):
@@ -634,6 +645,66 @@ def test_reciprocal_integer_codes_every_mode_against_the_oracle(lv):
         _kernels.use(level)
 
 
+NEAREST_MODES = ("half_even", "half_away", "half_up", "half_down")
+
+
+def near_half_integer_inputs(scale: np.float32) -> np.ndarray:
+    """float32 x = RN32((k + 1/2) s) for k in [-300, 300): where the product is inexact,
+    x / s lies within float32's resolution of the tie without being it, and its float32
+    quotient mostly rounds onto k + 1/2 (the lanes nearest_<mode>_divide_one hands on)."""
+    return (((np.arange(-300, 300) + 0.5) * float(scale))).astype(np.float32)
+
+
+@pytest.mark.parametrize("lv", LEVELS)
+def test_nearest_divide_one_scale_against_the_oracle(lv):
+    # Integer codes of float32 x under one divisor in float64 in the nearest modes
+    # (nearest_<mode>_divide_one: the float32 quotient's codes, a piece handed to the fused
+    # loop where a clamped quotient is a half-integer): pieces of ordinary x with NaN,
+    # infinities, huge and subnormal x among them (which the fused loop's lanes refuse and
+    # this loop takes), and pieces of ties and near ties (x = B * s and its float32
+    # neighbours, RN32((k + 1/2) s)); three integer types with zero points, the input
+    # flush, 1 and 2 threads; against the oracle's Fraction arithmetic, the same bits with
+    # the loop turned off (set_nearest_quotients), and the pieces each took.
+    level = _kernels.active.level
+    _kernels.use(lv)
+    module = quantize_module()  # the level's own module: each keeps its own counts
+    rng = np.random.default_rng(31)
+    try:
+        for sv in (0.37, 0.1, 1 / 3, 1.1, 3e-36):
+            s = np.float32(sv)
+            ordinary = (rng.standard_normal(2048) * 60 * float(s)).astype(np.float32)
+            ordinary[::101] = f32([np.nan, np.inf, -np.inf, 3e38, -3e38, 1e-40, -1e-40, 0.0, -0.0, -np.nan,
+                                   2.0 ** -149, 1e30, -1e-30, 7.0, -7.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5])
+            near = np.concatenate([exact_quotient_inputs(s), near_half_integer_inputs(s)])
+            x = np.concatenate([ordinary, near])
+            for j, rounding in enumerate(NEAREST_MODES):
+                for out, zp in (("int8", -3), ("uint8", 100), ("int16", 1000)):
+                    zero_point = np.array(zp, out)
+                    dp = {"rounding": rounding, "scale_precision": "float64",
+                          "subnormals": ("keep", "flush_inputs", "flush_outputs", "flush_both")[j],
+                          "nan_to_integer": ("min", "zero", "max")[j % 3]}
+
+                    def run(n=1 + j % 2):
+                        return qemu_q.quantize_linear(x, s, zero_point, output_dtype=out, n_threads=n,
+                                                      datapath=qemu_q.Datapath(**dp))
+                    module.count_nearest_pieces()
+                    got, (staged, fell_back) = counted(run)
+                    nearest = module.count_nearest_pieces()
+                    want = oracle.quantize_array(x, float(s), zp, OUTPUTS[out], dp, x_type="float",
+                                                 scale_type="float")
+                    what = f"{lv} {out} {dp} {sv}"
+                    check(got, want, what)
+                    # the ordinary pieces (whose quotients stand far from half-integers) are
+                    # the nearest loop's, the pieces of ties handed on (to the fused loop, or
+                    # past its lanes, as x = B * 3e-36 is, to the double loop)
+                    assert nearest >= 3 and staged + fell_back > 0, (what, nearest, staged, fell_back)
+                    off, _ = nearest_off(lambda: counted(run))
+                    assert module.count_nearest_pieces() == 0, what
+                    assert_same_bits(got, off, what)
+    finally:
+        _kernels.use(level)
+
+
 def test_narrow_integer_and_many_mantissa_bits_against_exact_rounding():
     # a narrow family integer (the remainder loops) and a family minifloat of 10 mantissa
     # bits (e5m10 with inf: float16's values; datapath_one), against exact arithmetic
@@ -666,7 +737,10 @@ def test_remainder_loops_fall_back_piece_by_piece():
     # lanes the loops do not take, in the middle of vectors, at piece edges and in tails:
     # huge and tiny quotients, |x| below 2**-101, NaN, inf, float32 subnormals; zeros are
     # taken. Only the pieces holding one fall back (n_threads=1: the pieces are the
-    # cursor's 2048-element blocks cut into 512s).
+    # cursor's 2048-element blocks cut into 512s). Integer codes under a divide in a nearest
+    # mode are nearest_divide_one's, which has no lanes: it takes every piece, and the
+    # fused loop's lanes are checked with it off.
+    module = quantize_module()
     rng = np.random.default_rng(13)
     s = np.float32(0.37)
     base = f32(rng.standard_normal(4100) * 40)
@@ -682,12 +756,18 @@ def test_remainder_loops_fall_back_piece_by_piece():
 
                 def run():
                     return qemu_q.quantize_linear(x, s, output_dtype=out, datapath=dp, n_threads=1)
+                what = f"{special} {sc} {rounding} {out}"
+                module.count_nearest_pieces()
                 got, (staged, fell_back) = counted(run)
-                if sc == "reciprocal" and out == "int8":  # the direct double loop: nothing staged
-                    assert (staged, fell_back) == (0, 0), (special, sc, staged, fell_back)
-                else:
-                    assert fell_back == 3 and staged == 9 - 3, (special, sc, staged, fell_back)
-                assert_same_bits(got, reference(run), f"{special} {sc} {rounding} {out}")
+                if out == "int8":  # the direct double loop or nearest_divide_one: nothing staged
+                    assert (staged, fell_back) == (0, 0), (what, staged, fell_back)
+                    assert module.count_nearest_pieces() == (9 if sc == "divide" else 0), what
+                if sc == "divide" and out == "int8":
+                    off, (staged, fell_back) = nearest_off(lambda: counted(run))
+                    assert_same_bits(off, got, what)
+                if (sc, out) != ("reciprocal", "int8"):
+                    assert fell_back == 3 and staged == 9 - 3, (what, staged, fell_back)
+                assert_same_bits(got, reference(run), what)
         # zeros alone never fall back
         got, counts = counted(lambda: qemu_q.quantize_linear(base, s, datapath=qemu_q.Datapath(
             scale_precision="float64", rounding="up"), n_threads=1))
@@ -975,19 +1055,19 @@ def test_remainder_loops_on_layouts_threads_and_levels():
 
 
 def fused_and_two_passes(module, run, what):
-    """run() with the fused loops checked against the two passes (set_fused_staging(False))
-    and the reference; returns the pieces of the fused run: (staged, fell back, fused)."""
+    """run() as it runs, with nearest_divide_one off (set_nearest_quotients(False)) and with
+    the fused loops off too (the two passes: set_fused_staging(False)), each checked
+    against the reference; returns the pieces of the run with the fused loops but not
+    nearest_divide_one: (staged, fell back, fused)."""
+    got = run()
     module.count_fused_pieces()
-    got, (staged, fell_back) = counted(run)
+    fused_run, (staged, fell_back) = nearest_off(lambda: counted(run))
     fused = module.count_fused_pieces()
-    previous = module.set_fused_staging(False)
-    try:
-        two_passes, _ = counted(run)
-        assert module.count_fused_pieces() == 0
-    finally:
-        module.set_fused_staging(previous)
-    assert_same_bits(got, two_passes, what)
-    assert_same_bits(got, reference(run), what)
+    two_passes, _ = switched_off("set_fused_staging", lambda: nearest_off(lambda: counted(run)))
+    assert module.count_fused_pieces() == 0
+    want = reference(run)
+    for result in (got, fused_run, two_passes):
+        assert_same_bits(result, want, what)
     return staged, fell_back, fused
 
 
