@@ -176,7 +176,6 @@ cdef struct QuantizePlan:
     int rounding              # DatapathRounding
     bint reciprocal           # x * (1 / scale) instead of x / scale
     bint float64_quotient     # the quotient (and reciprocal) in float64, not `precision`
-    bint quotient_through_float32  # a float64 quotient rounded to float32 before a small float
     bint f32_operands         # x and the scale are float32 values: float32 operations are exact roundings
     int nan_to_integer        # DatapathNanToInteger
     bint flush_inputs
@@ -299,10 +298,6 @@ cdef inline int datapath_one(x_storage_t v, double scale, double zero_point, uin
         if n > p.hi:
             n = p.hi
         return (<int>n) & p.mask
-    if p.quotient_through_float32:
-        # ml_dtypes converts a float64 into a small float through float32 (Datapath
-        # scale_precision="promoted", docs/semantics.md): one more rounding, to nearest even.
-        q = <double><float>q
     # The zero point of a float type is +0 or -0: it decides the sign of a zero quotient.
     q = q + zero_point
     if p.onnxruntime_float8:
@@ -1280,7 +1275,7 @@ cdef class QuantizeConfig:
                  int nan_to_integer=DP_NAN_MIN, bint flush_inputs=False, bint flush_outputs=False,
                  double x_min_normal=0.0, double scale_min_normal=0.0, bint f32_operands=False,
                  bint datapath_f32=False, bint onnxruntime_float8=False,
-                 int datapath_wide=WIDE_NONE, bint quotient_through_float32=False,
+                 int datapath_wide=WIDE_NONE,
                  int quotient64=QUOTIENT64_DOUBLE):
         cdef int clamp
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
@@ -1375,13 +1370,6 @@ cdef class QuantizeConfig:
                              "type, the Cast-24 rows (small_float_rules=SF_RULE_NAN_SIGN), "
                              "rounding half_even and no flush of the outputs")
         self.plan.onnxruntime_float8 = onnxruntime_float8
-        # datapath_one's step only: the staged and float32 loops never see it
-        if quotient_through_float32 and not (
-                datapath and float64_quotient and code_kind == CODE_SMALL_FLOAT
-                and not datapath_f32 and datapath_wide == WIDE_NONE):
-            raise ValueError("quotient_through_float32 needs the general datapath path with a float64 "
-                             "quotient into a small float")
-        self.plan.quotient_through_float32 = quotient_through_float32
         self.plan.small_float_id = small_float_id
         self.plan.saturate = saturate
         check_datapath_wide(datapath_wide, &self.plan, small_float_id)
