@@ -10,6 +10,7 @@ import numpy as np
 
 cimport _fp_guard  # refuses a fast-math build (see _fp_guard.pxd)
 from libc.math cimport fabs, fabsf, fma, copysign, ldexp, isinf, INFINITY
+from libc.float cimport FLT_MAX
 from libc.stdint cimport int8_t, uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t
 
 from _codecs cimport (
@@ -19,7 +20,7 @@ from _codecs cimport (
     pack_value_format, bits_float, exact_parts, round_exact_to_format, DP_HALF_EVEN, DP_HALF_AWAY,
     DP_HALF_UP, DP_HALF_DOWN, DP_TOWARD_ZERO, DP_DOWN, DP_UP, DP_TO_ODD, DP_STOCHASTIC,
     double_bits, bits_double, float_bits, select_i32, select_i64, select_f64, stochastic_carry_f64,
-    product_residual_f32, product_overshoot_f32,
+    product_residual_f32, product_overshoot_f32, quotient_rounded_to_odd,
     float16_bits_of_value, bfloat16_bits_of_value, flush_subnormal_f32, flush_subnormal_f64,
 )
 from _layout cimport (
@@ -223,6 +224,10 @@ cdef struct DequantizePlan:
     # a scale is a float32 (set by the caller, which knows the types): the products in
     # float32, rounded by Cast's loops (half_products_run)
     bint half_from_float32
+    # ... or, 8-bit integer codes times a float32 scale (products of up to 32 bits), the
+    # products rounded to odd at 24 bits (odd_products), rounded by the same loops but
+    # stochastic's, which needs more of the dropped bits (half_products_run)
+    bint half_odd_products
     CastSmallFloatDatapath half_cast  # their fields: no input flush (the codes' and the
     int32_t half_nan_keep             # scales' are the product's), the output flush; the NaN mask
     int32_t code_wrap          # added to a negative sign-extended code of an unsigned type
@@ -772,6 +777,46 @@ cdef inline void datapath_fused_f32_range(const dq_code_t* x, float* y, Py_ssize
             offset += k
 
 
+cdef inline bint odd_products(const uint8_t* x, float* products, Py_ssize_t n, const double* scale,
+                              const double* zero_point, bint params_vary,
+                              const DequantizePlan* p) noexcept nogil:
+    # 8-bit integer codes times float32 scales (p.half_odd_products): the exact product
+    # P = d * s rounded to odd at 24 bits, from f = RN32(P) and its exact residual
+    # e = P - f (docs/semantics.md, "float32 scales into float16 / bfloat16: products
+    # rounded to odd"). e is exact for every finite f (a multiple of 2**-149 spanning at
+    # most 9 bits); the odd step is quotient_rounded_to_odd's with P in place of the
+    # quotient: |P| > |f| where e has f's sign. The scale's flush is datapath_products'.
+    # Returns whether every f is finite; a piece with an infinite or NaN one (a NaN or
+    # infinite scale, or a product beyond float32's range) is the caller's to redo.
+    cdef Py_ssize_t i
+    cdef float scale_min = <float>p.scale_min_normal if p.flush_inputs else <float>0.0
+    cdef float s = flush_subnormal_f32(<float>scale[0], scale_min)
+    cdef float z = <float>zero_point[0]
+    cdef float d, f, si
+    cdef int shift = p.code_shift
+    cdef int32_t wrap = p.code_wrap
+    cdef int32_t c
+    cdef bint finite = True
+    if params_vary:
+        for i in range(n):
+            c = integer_code(x[i], shift, True)
+            c = c + ((c >> 31) & wrap)
+            d = <float>c - <float>zero_point[i]
+            si = flush_subnormal_f32(<float>scale[i], scale_min)
+            f = d * si
+            products[i] = quotient_rounded_to_odd(f, f, product_residual_f32(d, si, f))
+            finite = finite & (fabsf(f) <= FLT_MAX)  # NaN compares false
+    else:
+        for i in range(n):
+            c = integer_code(x[i], shift, True)
+            c = c + ((c >> 31) & wrap)
+            d = <float>c - z
+            f = d * s
+            products[i] = quotient_rounded_to_odd(f, f, product_residual_f32(d, s, f))
+            finite = finite & (fabsf(f) <= FLT_MAX)
+    return finite
+
+
 cdef inline void half_products_run(const uint8_t* x, uint16_t* y, Py_ssize_t n, Py_ssize_t first,
                                   const double* scale, const double* zero_point, bint params_vary,
                                   const DequantizePlan* p) noexcept nogil:
@@ -788,14 +833,26 @@ cdef inline void half_products_run(const uint8_t* x, uint16_t* y, Py_ssize_t n, 
     # rounded value, the output flush is on the rounded value, NaN keeps its sign and
     # payload's leading bits (or the canonical code). Double products and their rounding
     # on double vectors (round_products) took 2 ns an element.
+    # p.half_odd_products: the products rounded to odd (odd_products) stand for the exact
+    # ones, which no mode but stochastic tells apart; a piece odd_products hands back takes
+    # the double products and their rounding.
     cdef float products[DATAPATH_CHUNK]
+    cdef double exact[DATAPATH_CHUNK]
     cdef Py_ssize_t piece = 0
     cdef Py_ssize_t k
     cdef const uint32_t* words
     while piece < n:
         k = min(n - piece, <Py_ssize_t>DATAPATH_CHUNK)
-        datapath_products(x + piece, products, k, scale + (piece if params_vary else 0),
-                          zero_point + (piece if params_vary else 0), params_vary, p)
+        if not p.half_odd_products:
+            datapath_products(x + piece, products, k, scale + (piece if params_vary else 0),
+                              zero_point + (piece if params_vary else 0), params_vary, p)
+        elif not odd_products(x + piece, products, k, scale + (piece if params_vary else 0),
+                              zero_point + (piece if params_vary else 0), params_vary, p):
+            datapath_products(x + piece, exact, k, scale + (piece if params_vary else 0),
+                              zero_point + (piece if params_vary else 0), params_vary, p)
+            round_products(exact, y + piece, k, first + piece, p)
+            piece += k
+            continue
         words = p.random_bits + first + piece if p.random_bits != NULL else NULL
         run_cast_half(products, y + piece, k, words, p.rounding, p.out_format == FMT_BFLOAT16,
                       &p.half_cast, p.half_nan_keep)
@@ -819,7 +876,7 @@ cdef inline void datapath_fast_range(const dq_code_t* x, y_storage_t* y, Py_ssiz
             return
     else:
         if dq_code_t is uint8_t:
-            if p.half_from_float32:
+            if p.half_from_float32 or p.half_odd_products:
                 cursor_at(&p.layout, start, end, &c)
                 while next_segment(&p.layout, &c, &seg):
                     half_products_run(x + (seg.start - start), y + (seg.start - start), seg.length,
@@ -1047,7 +1104,7 @@ cdef class DequantizeConfig:
                  int rounding=DP_HALF_EVEN, int scale_precision=0, bint flush_inputs=False,
                  bint flush_outputs=False, bint canonical_nan=False, double x_min_normal=0.0,
                  double scale_min_normal=0.0, bint fast_datapath=False, bint fused_fallback=True,
-                 bint half_from_float32=False):
+                 bint half_from_float32=False, bint half_odd_products=False):
         if granularity not in (PER_TENSOR, PER_AXIS, BLOCKED):
             raise ValueError(f"granularity {granularity} is not one of the layout's")
         if table.shape[0] != 256:
@@ -1076,6 +1133,12 @@ cdef class DequantizeConfig:
         if half_from_float32 and not (fast_datapath and code_size == 1 and out_format != FMT_FLOAT32):
             raise ValueError("the float32 products into float16 / bfloat16 are for 8-bit codes on "
                              "the fast datapath loops")
+        if half_odd_products and not (fast_datapath and 0 < integer_bits <= 8 and out_format != FMT_FLOAT32
+                                      and not half_from_float32 and rounding != DP_STOCHASTIC
+                                      and scale_precision != 1):
+            raise ValueError("the products rounded to odd into float16 / bfloat16 are for 8-bit integer "
+                             "codes on the fast datapath loops, neither stochastic nor a float32 "
+                             "scale_precision")
         if outer < 0 or axis_len < 0 or inner < 0:
             raise ValueError("outer, axis_len and inner must be >= 0")
         if outer and inner and axis_len > (<Py_ssize_t>1 << 62) // outer // inner:
@@ -1115,6 +1178,7 @@ cdef class DequantizeConfig:
         p.random_bits = NULL
         p.fast_datapath = fast_datapath
         p.half_from_float32 = half_from_float32
+        p.half_odd_products = half_odd_products
         p.half_cast.x_min_normal = <float>0.0
         p.half_cast.flush_outputs = p.flush_outputs
         p.half_nan_keep = <int32_t>p.nan_bits if p.canonical_nan else 0xFFFF
@@ -1192,6 +1256,12 @@ cdef class DequantizeConfig:
         """Whether float16 / bfloat16 outputs round float32 products by Cast's loops
         (half_products_run)."""
         return bool(self.plan.half_from_float32)
+
+    @property
+    def half_odd_products(self):
+        """Whether float16 / bfloat16 outputs round float32 products rounded to odd by
+        Cast's loops (8-bit integer codes times float32 scales: half_products_run)."""
+        return bool(self.plan.half_odd_products)
 
     @property
     def fused_float32(self):

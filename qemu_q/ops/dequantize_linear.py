@@ -220,6 +220,14 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
         # by Cast's loop of the mode (pyx/_dequantize.pyx, half_products_run)
         half_from_float32=(fast_datapath and out_type.value_format != FMT_FLOAT32
                            and _float32_products(x_type, scale_type)),
+        # 8-bit integer codes times float32 scales: the products rounded to odd at 24 bits
+        # stand for the exact ones there (docs/semantics.md, "float32 scales into float16 /
+        # bfloat16"), but for stochastic rounding (32 dropped bits) and a float32
+        # scale_precision (whose first rounding is to nearest even): the double route
+        half_odd_products=(fast_datapath and out_type.value_format != FMT_FLOAT32 and integer
+                           and x_type.storage.itemsize == 1 and scale_type.name == "float"
+                           and datapath.rounding != "stochastic"
+                           and datapath.scale_precision != "float32"),
     )
     return DequantizePlan(where, x_type, out_type, tuple(fields.items()))
 
