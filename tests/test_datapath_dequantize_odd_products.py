@@ -158,9 +158,12 @@ ODD_OPTIONS = [{}] + [{"rounding": mode} for mode in ("half_away", "half_up", "h
     {"subnormals": "flush_inputs"}, {"subnormals": "flush_outputs"}, {"subnormals": "flush_both"},
     {"nan": "canonical"}, {"scale_precision": "float64"},
     {"rounding": "up", "subnormals": "flush_both", "nan": "canonical", "scale_precision": "float64"}]
-# on the double route (the plan says so): checked all the same
+# not on the odd products (the plan says so), checked all the same: stochastic on the double
+# route; a float32 scale_precision on the float32 products (half_from_float32: the float32
+# multiply is that option's first rounding), stochastic included
 DOUBLE_OPTIONS = [{"rounding": "stochastic"}, {"scale_precision": "float32"},
-                  {"rounding": "toward_zero", "scale_precision": "float32"}]
+                  {"rounding": "toward_zero", "scale_precision": "float32"},
+                  {"rounding": "stochastic", "scale_precision": "float32"}]
 
 
 def config_for(x_dtype, out: str, datapath):
@@ -181,6 +184,9 @@ def test_the_plan_takes_odd_products_where_they_apply():
             for fields in DOUBLE_OPTIONS + [{"scale_precision": "promoted"}]:
                 config = config_for(x_dtype, out, qemu_q.Datapath(**fields))
                 assert config.fast_datapath and not config.half_odd_products, (x_dtype, out, fields)
+                # 8-bit codes (int4 and uint2 are stored a byte each)
+                assert config.half_from_float32 == ("float32" in fields.values()
+                                                    or "promoted" in fields.values()), (x_dtype, out, fields)
         for x_dtype in (np.int16, ml_dtypes.float8_e4m3fn):
             assert not config_for(x_dtype, out, qemu_q.Datapath()).half_odd_products
     assert not config_for(np.int8, "float32", qemu_q.Datapath()).half_odd_products

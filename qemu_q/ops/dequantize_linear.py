@@ -216,10 +216,14 @@ def dequantize_plan(opset, x_signature, scale_signature, zp_signature, axis,
                       else 0.0),
         scale_min_normal=_SCALE_MIN_NORMAL.get(scale_type.name, 0.0) if use_datapath else 0.0,
         fast_datapath=fast_datapath,
-        # into float16 / bfloat16, where every product is a float32: rounded from float32
-        # by Cast's loop of the mode (pyx/_dequantize.pyx, half_products_run)
+        # into float16 / bfloat16, where every product is a float32, or where the datapath
+        # rounds it to float32 first (scale_precision "float32": the float32 multiply of an
+        # 8-bit code's value and the scale is that rounding): rounded from float32 by Cast's
+        # loop of the mode (pyx/_dequantize.pyx, half_products_run)
         half_from_float32=(fast_datapath and out_type.value_format != FMT_FLOAT32
-                           and _float32_products(x_type, scale_type)),
+                           and (_float32_products(x_type, scale_type)
+                                or (datapath.scale_precision == "float32"
+                                    and x_type.storage.itemsize == 1))),
         # 8-bit integer codes times float32 scales: the products rounded to odd at 24 bits
         # stand for the exact ones there (docs/semantics.md, "float32 scales into float16 /
         # bfloat16"), but for stochastic rounding (32 dropped bits) and a float32
